@@ -1,0 +1,56 @@
+"""Routers: where a request goes once it may go.
+
+A router is a pure object: it sees the request's facts and the backends' views, keeps whatever
+it learns in memory, and never does I/O. The live gateway and the simulator call the same ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from policies.types import BackendView, Dispatch, Outcome, RequestFacts
+
+
+class Router(Protocol):
+    name: str
+
+    def route(self, req: RequestFacts, backends: Sequence[BackendView], now: float) -> Dispatch | None:
+        """Pick a backend (and rank) among ``backends`` (all healthy, not excluded); None if none fits."""
+        ...
+
+    def finished(self, rid: str, backend: str, outcome: Outcome, now: float) -> None:
+        """Learn from a request that ended on ``backend``."""
+        ...
+
+
+class RoundRobin:
+    """Plain round-robin over healthy backends.
+
+    Formula: the i-th routed request goes to ``healthy[i mod n]``; with ``over_ranks`` the cycle
+    runs over every (backend, DP rank) pair instead, so each rank gets ``1/Σdp`` of the requests.
+
+    Parameters: ``over_ranks`` (default False: the backend picks its own rank, as SGLang's DP
+    controller does by round-robin when the request names none).
+    """
+
+    def __init__(self, *, over_ranks: bool = False) -> None:
+        self.name = "round-robin" if over_ranks else "direct"
+        self.over_ranks = over_ranks
+        self._next = 0
+
+    def route(self, req: RequestFacts, backends: Sequence[BackendView], now: float) -> Dispatch | None:
+        if not backends:
+            return None
+        if self.over_ranks:
+            slots = [(b.name, r) for b in backends for r in range(max(1, b.dp_size))]
+            name, rank = slots[self._next % len(slots)]
+            self._next += 1
+            return Dispatch(req.rid, name, rank if any(b.dp_size > 1 for b in backends) else None,
+                            reason="least_wait")
+        backend = backends[self._next % len(backends)]
+        self._next += 1
+        return Dispatch(req.rid, backend.name, None, reason="least_wait")
+
+    def finished(self, rid: str, backend: str, outcome: Outcome, now: float) -> None:
+        return None
