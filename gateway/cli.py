@@ -17,9 +17,29 @@ app.command("demo")(demo)
 
 
 @app.command("serve")
-def serve() -> None:
+def serve(
+    config: str | None = typer.Option(None, "--config", help="YAML configuration file (interfaces §6)."),
+    backend: list[str] = typer.Option([], "--backend", help="Backend URL (repeatable); needs --model."),
+    model: str | None = typer.Option(None, "--model", help="Model alias clients use (quick start)."),
+    api_key: list[str] = typer.Option([], "--api-key", help="KEY or KEY=TEAM (repeatable)."),
+    host: str | None = typer.Option(None, "--host", help="Listen address [default: 127.0.0.1]."),
+    port: int | None = typer.Option(None, "--port", help="Listen port [default: 8080]."),
+    workers: int | None = typer.Option(None, "--workers", help="Worker processes (more than one needs Redis)."),
+    redis_url: str | None = typer.Option(None, "--redis-url", help="Redis URL for shared state."),
+    policy: str | None = typer.Option(None, "--policy", help="Policy stack name."),
+    log_level: str | None = typer.Option(None, "--log-level", help="debug, info, warning, error."),
+) -> None:
     """Run the gateway."""
-    raise typer.Exit(code=2)
+    from gateway.config import load_config
+    from gateway.serve import run
+
+    try:
+        cfg = load_config(config, backends=backend, model=model, api_keys=api_key, host=host, port=port,
+                          workers=workers, redis_url=redis_url, policy=policy, log_level=log_level)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"cachegate: invalid configuration: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    run(cfg)
 
 
 def main() -> None:

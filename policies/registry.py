@@ -11,6 +11,9 @@ from policies.routing import RoundRobin
 STACKS: dict[str, Callable[[], DecisionCore]] = {
     "direct": lambda: PassThroughCore(RoundRobin(over_ranks=False), "direct"),
     "round-robin": lambda: PassThroughCore(RoundRobin(over_ranks=True), "round-robin"),
+    # The product stack. Until admission (issue 5) and routing (issue 6) land it is plain
+    # round-robin over healthy servers with no admission: the foundation's behaviour.
+    "gateway": lambda: PassThroughCore(RoundRobin(over_ranks=False), "gateway"),
 }
 
 

@@ -1,0 +1,208 @@
+"""The pool of SGLang backends: health checks, load polls and capacity, per model alias.
+
+A backend is taken out of rotation after ``failures_to_eject`` failed health checks in a row,
+or at once when a request cannot connect to it, and put back by the next successful check.
+A 4xx answer to a request never takes a backend out (that is the request's fault).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from gateway.config import BackendConfig, Config
+from policies.types import BackendView
+
+log = logging.getLogger("cachegate.pool")
+
+
+@dataclass(slots=True)
+class Backend:
+    model: str
+    config: BackendConfig
+    upstream_model: str
+    healthy: bool = False
+    failures: int = 0
+    last_error: str = ""
+    max_total_num_tokens: int = 0
+    reported_dp_size: int | None = None
+    running: int = 0
+    waiting: int = 0
+    token_usage: float = 0.0
+    cache_hit_rate: float = 0.0
+    loads_at: float = 0.0
+    served_models: list[str] = field(default_factory=list)
+    info_fetched: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.config.name or self.config.url
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    @property
+    def dp_size(self) -> int:
+        return self.config.dp_size
+
+    def headers(self) -> dict[str, str]:
+        key = self.config.upstream_key()
+        return {"authorization": f"Bearer {key}"} if key else {}
+
+    def view(self) -> BackendView:
+        return BackendView(self.name, self.healthy, self.max_total_num_tokens, self.dp_size,
+                           self.running, self.waiting, self.token_usage)
+
+
+Listener = Callable[[str, list[BackendView]], None]
+
+
+class BackendPool:
+    def __init__(self, config: Config, client: httpx.AsyncClient) -> None:
+        self.config = config
+        self.client = client
+        self.models: dict[str, list[Backend]] = {
+            alias: [Backend(alias, b, config.upstream_model(alias)) for b in model.backends]
+            for alias, model in config.models.items()
+        }
+        self._listeners: list[Listener] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+        for alias in self.models:
+            listener(alias, self.views(alias))
+
+    def _changed(self, alias: str) -> None:
+        views = self.views(alias)
+        for listener in self._listeners:
+            listener(alias, views)
+
+    def views(self, alias: str) -> list[BackendView]:
+        return [b.view() for b in self.models.get(alias, [])]
+
+    def all(self) -> list[Backend]:
+        return [b for backends in self.models.values() for b in backends]
+
+    def get(self, alias: str, name: str) -> Backend:
+        for backend in self.models[alias]:
+            if backend.name == name:
+                return backend
+        raise KeyError(name)
+
+    def any_healthy(self) -> bool:
+        return any(b.healthy for b in self.all())
+
+    async def start(self) -> None:
+        await asyncio.gather(*(self._check(b, first=True) for b in self.all()))
+        self._tasks = [asyncio.create_task(self._health_loop(), name="pool-health"),
+                       asyncio.create_task(self._load_loop(), name="pool-loads")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health.interval_s)
+            await asyncio.gather(*(self._check(b) for b in self.all()))
+
+    async def _load_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health.load_interval_s)
+            await asyncio.gather(*(self._poll_load(b) for b in self.all() if b.healthy))
+
+    async def _get(self, backend: Backend, path: str) -> httpx.Response:
+        return await self.client.get(backend.url + path, headers=backend.headers(),
+                                     timeout=self.config.health.timeout_s)
+
+    async def _check(self, backend: Backend, first: bool = False) -> None:
+        try:
+            response = await self._get(backend, "/health")
+            ok = response.status_code == 200
+            error = "" if ok else f"/health answered {response.status_code}"
+        except httpx.HTTPError as exc:
+            ok, error = False, f"{type(exc).__name__}: {exc}"
+        if ok:
+            if not backend.info_fetched:
+                await self._fetch_info(backend, check_models=first or not backend.served_models)
+            self.mark_ok(backend)
+        else:
+            self.mark_failure(backend, error, eject=first)
+
+    async def _fetch_info(self, backend: Backend, check_models: bool) -> None:
+        try:
+            info = (await self._get(backend, "/get_server_info")).json()
+            backend.max_total_num_tokens = int(info.get("max_total_num_tokens") or 0)
+            dp = info.get("dp_size")
+            backend.reported_dp_size = int(dp) if dp else None
+            if backend.reported_dp_size and backend.dp_size not in (1, backend.reported_dp_size):
+                log.warning("backend %s: configured dp_size=%d but the server reports dp_size=%d",
+                            backend.name, backend.dp_size, backend.reported_dp_size)
+            backend.info_fetched = True
+        except (httpx.HTTPError, ValueError, TypeError) as exc:
+            log.warning("backend %s: could not read /get_server_info: %s", backend.name, exc)
+        if check_models:
+            try:
+                data = (await self._get(backend, "/v1/models")).json()
+                backend.served_models = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+                if backend.upstream_model not in backend.served_models:
+                    log.warning("backend %s serves %s, not the configured upstream model %r (model %r)",
+                                backend.name, backend.served_models, backend.upstream_model, backend.model)
+            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+                log.warning("backend %s: could not read /v1/models: %s", backend.name, exc)
+
+    async def _poll_load(self, backend: Backend) -> None:
+        try:
+            response = await self._get(backend, "/v1/loads")
+            if response.status_code != 200:
+                return
+            self._apply_loads(backend, response.json())
+        except (httpx.HTTPError, ValueError, TypeError):
+            return
+        self._changed(backend.model)
+
+    @staticmethod
+    def _apply_loads(backend: Backend, data: dict[str, Any]) -> None:
+        loads = data.get("loads") or []
+        if not loads:
+            return
+        backend.running = sum(int(r.get("num_running_reqs") or 0) for r in loads)
+        backend.waiting = sum(int(r.get("num_waiting_reqs") or 0) for r in loads)
+        backend.token_usage = max(float(r.get("token_usage") or 0.0) for r in loads)
+        backend.cache_hit_rate = sum(float(r.get("cache_hit_rate") or 0.0) for r in loads) / len(loads)
+        total = int(loads[0].get("max_total_num_tokens") or 0)
+        if total:
+            backend.max_total_num_tokens = total
+        backend.loads_at = time.monotonic()
+
+    def mark_ok(self, backend: Backend) -> None:
+        backend.failures = 0
+        backend.last_error = ""
+        if not backend.healthy:
+            backend.healthy = True
+            log.info("backend %s (%s) is healthy", backend.name, backend.url)
+            self._changed(backend.model)
+
+    def mark_failure(self, backend: Backend, error: str, eject: bool = False) -> None:
+        """A failed health check, or (``eject=True``) a request that could not reach the backend."""
+        backend.failures += 1
+        backend.last_error = error
+        if backend.healthy and (eject or backend.failures >= self.config.health.failures_to_eject):
+            backend.healthy = False
+            log.warning("backend %s (%s) taken out of rotation: %s", backend.name, backend.url, error)
+            self._changed(backend.model)
+        elif not backend.healthy and eject and backend.failures == 1:
+            log.warning("backend %s (%s) is not reachable: %s", backend.name, backend.url, error)

@@ -1,0 +1,101 @@
+"""The waiting room: drives the decision core from asyncio.
+
+A request that must wait holds a future; a ``Dispatch`` or ``Refuse`` decision from the core
+resolves it. Everything a request takes here is given back through ``release`` or ``cancel``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from policies.core import DecisionCore
+from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts
+
+
+class Refused(Exception):
+    def __init__(self, refusal: Refuse) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+class Dispatcher:
+    def __init__(self, core: DecisionCore, clock: Callable[[], float] = time.monotonic,
+                 tick_s: float = 0.1) -> None:
+        self.core = core
+        self.clock = clock
+        self.tick_s = tick_s
+        self._waiting: dict[str, asyncio.Future[Decision]] = {}
+        self._ticker: asyncio.Task[None] | None = None
+        self.on_decision: Callable[[Decision], None] | None = None
+
+    def start(self) -> None:
+        self._ticker = asyncio.create_task(self._tick_loop(), name="dispatch-tick")
+
+    async def stop(self) -> None:
+        if self._ticker:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def set_backends(self, model: str, views: Sequence[BackendView]) -> None:
+        self._apply(self.core.set_backends(model, views, self.clock()))
+
+    async def admit(self, facts: RequestFacts) -> Dispatch:
+        """Wait until the core dispatches this request; raise ``Refused`` if it refuses it."""
+        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self._waiting[facts.rid] = future
+        self._apply(self.core.arrive(facts, self.clock()))
+        try:
+            decision = await future
+        except asyncio.CancelledError:
+            if self._waiting.pop(facts.rid, None) is not None:
+                self._apply(self.core.cancel(facts.rid, self.clock()))
+            elif future.done() and not future.cancelled() and isinstance(future.result(), Dispatch):
+                # Dispatched in the same instant the client left: give the seat back.
+                self.release(facts.rid, Outcome(ok=False, reached_backend=False))
+            raise
+        if isinstance(decision, Refuse):
+            raise Refused(decision)
+        return decision
+
+    def retry(self, rid: str, failed_backend: str) -> Dispatch | Refuse:
+        decisions = self.core.retry(rid, failed_backend, self.clock())
+        mine = next((d for d in decisions if d.rid == rid), None)
+        self._apply(d for d in decisions if d.rid != rid)
+        if mine is None:
+            return Refuse(rid, "no_healthy_backend", "no other healthy backend to retry on", 5.0, 503)
+        if self.on_decision:
+            self.on_decision(mine)
+        return mine
+
+    def first_token(self, rid: str) -> None:
+        self._apply(self.core.first_token(rid, self.clock()))
+
+    def release(self, rid: str, outcome: Outcome) -> None:
+        self._apply(self.core.finish(rid, outcome, self.clock()))
+
+    def _apply(self, decisions: Iterable[Decision]) -> None:
+        for decision in decisions:
+            future = self._waiting.pop(decision.rid, None)
+            if future is None or future.done():
+                if isinstance(decision, Dispatch):
+                    # Its client already left: nothing will use this dispatch.
+                    self._apply(self.core.finish(decision.rid, Outcome(ok=False, reached_backend=False),
+                                                 self.clock()))
+                continue
+            if self.on_decision:
+                self.on_decision(decision)
+            future.set_result(decision)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            if self._waiting:
+                self._apply(self.core.tick(self.clock()))

@@ -1,0 +1,132 @@
+"""Parse and check an OpenAI request body; rewrite it for the upstream hop.
+
+Only what the gateway needs is checked here (model, messages or prompt, stream, max_tokens,
+stream_options); everything else passes through for the engine to judge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from gateway.errors import GatewayError
+
+Kind = Literal["chat", "completion"]
+
+MAX_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    kind: Kind
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    client_wants_usage: bool
+    max_tokens: int | None
+    prompt_bytes: int
+
+
+def _bad(message: str, param: str | None = None, code: str = "invalid_request") -> GatewayError:
+    return GatewayError(400, message, code, param)
+
+
+def parse(raw: bytes, kind: Kind) -> ParsedRequest:
+    if not raw:
+        raise _bad("The request body is empty; expected a JSON object.")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _bad(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise _bad("The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' is required and must be a non-empty string.", "model")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean.", "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("'stream_options' must be an object.", "stream_options")
+    wants_usage = bool(options and options.get("include_usage") is True)
+    max_tokens = None
+    for field in MAX_OUTPUT_FIELDS:
+        value = body.get(field)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _bad(f"'{field}' must be a positive integer.", field)
+        max_tokens = value
+        break
+    prompt_bytes = _check_messages(body) if kind == "chat" else _check_prompt(body)
+    return ParsedRequest(kind, body, model, stream, wants_usage, max_tokens, prompt_bytes)
+
+
+def _check_messages(body: dict[str, Any]) -> int:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise _bad("'messages' is required and must be an array.", "messages")
+    if not messages:
+        raise _bad("'messages' must contain at least one message.", "messages")
+    size = 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _bad(f"'messages[{i}]' must be an object.", f"messages[{i}]")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise _bad(f"'messages[{i}].role' is required and must be a string.", f"messages[{i}].role")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise _bad(f"'messages[{i}].content' must be a string, an array or null.",
+                       f"messages[{i}].content")
+        size += _text_size(content) + _text_size(message.get("tool_calls"))
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise _bad("'tools' must be an array.", "tools")
+    return size + _text_size(tools)
+
+
+def _check_prompt(body: dict[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise _bad("'prompt' is required.", "prompt")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _bad("'prompt' must not be empty.", "prompt")
+        return len(prompt.encode())
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | int) and not isinstance(p, bool)
+                                                   for p in prompt):
+        return _text_size(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        return _text_size(prompt)
+    raise _bad("'prompt' must be a non-empty string, array of strings or array of token ids.", "prompt")
+
+
+def _text_size(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, int | float):
+        return 4
+    return len(orjson.dumps(value))
+
+
+def upstream_body(req: ParsedRequest, upstream_model: str, *, rank: int | None = None) -> tuple[bytes, bool]:
+    """The body sent upstream, and whether the gateway injected ``include_usage`` on its own behalf."""
+    body = dict(req.body)
+    body["model"] = upstream_model
+    injected = False
+    if req.stream and not req.client_wants_usage:
+        options = dict(body.get("stream_options") or {})
+        options["include_usage"] = True
+        body["stream_options"] = options
+        injected = True
+    if rank is not None:
+        body["routed_dp_rank"] = rank
+    return orjson.dumps(body), injected

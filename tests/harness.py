@@ -1,0 +1,69 @@
+"""Start and stop real processes for tests: the gateway CLI on a free port."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from tests.fake_upstream import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHEGATE = [sys.executable, "-m", "gateway.cli"]
+
+
+def wait_http(url: str, timeout: float = 20.0, ok: tuple[int, ...] = (200,), proc: subprocess.Popen | None = None
+              ) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
+        try:
+            response = httpx.get(url, timeout=1.0)
+            if response.status_code in ok:
+                return response
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout}s ({last})")
+
+
+@contextlib.contextmanager
+def run_gateway(*args: str, env: dict[str, str] | None = None, ready_path: str = "/readyz",
+                port: int | None = None) -> Iterator[str]:
+    """Run ``cachegate serve ARGS`` and yield its base URL; always stop it."""
+    port = port or free_port()
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen([*CACHEGATE, "serve", "--port", str(port), *args], cwd=ROOT, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(base + ready_path, proc=proc)
+        yield base
+    except BaseException:
+        stop(proc)
+        output = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+        print(output[-4000:])
+        raise
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
