@@ -12,6 +12,10 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	# SGLang's own source for the twin's fidelity tests (protocol models, routes, metrics): no deps,
+	# so none of its GPU stack; msgspec is the one light package its protocol.py adds.
+	$(BIN)/pip install -q --no-deps sglang==0.5.23
+	$(BIN)/pip install -q 'msgspec>=0.18'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,20 +1,177 @@
-"""`cachegate simulate`, `cachegate loadtest`, `cachegate demo` (implemented by the load-generation work)."""
+"""`cachegate simulate`, `cachegate loadtest`, `cachegate demo`."""
 
 from __future__ import annotations
 
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
 import typer
+from rich.console import Console
+
+from policies import registry
 
 
-def simulate() -> None:
+def _names(attr: str) -> str:
+    fn = getattr(registry, attr, None)
+    return ", ".join(fn()) if callable(fn) else "none registered yet"
+
+
+def _levels(spec: str) -> list[int]:
+    try:
+        levels = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected a comma-separated list of integers, got '{spec}'") from None
+    if not levels or min(levels) <= 0:
+        raise typer.BadParameter("conversation counts must be positive")
+    return levels
+
+
+def _fail(msg: str) -> typer.Exit:
+    Console(stderr=True).print(f"[red]cachegate:[/red] {msg}")
+    return typer.Exit(code=2)
+
+
+def _sim_one(cfg):  # type: ignore[no-untyped-def]  # a top-level function, so a worker process can run it
+    from loadtest.simulate import run_one
+
+    t = time.perf_counter()
+    row = run_one(cfg)
+    return row, time.perf_counter() - t
+
+
+def simulate(
+    profile: str = typer.Option(..., help="Engine profile (b300-tp8-bf16, b300-tp8-fp8, b300-tp8-fp8-hicache, "
+                                          "b300-dp8-fp8, gb10x16-tp4pp4-fp8, gb10x16-tp16-fp8, tiny)."),
+    unbounded: bool = typer.Option(False, help="Infinite KV: the ceiling a perfect cache would reach."),
+    kv_tokens: int | None = typer.Option(None, help="Override the profile's KV capacity (tokens per rank)."),
+    backends: int = typer.Option(1, min=1, help="Number of servers."),
+    policy: str = typer.Option("direct", help=f"Policy stack: {', '.join(registry.names())}."),
+    admission: str | None = typer.Option(None, help="Override the stack's admission half "
+                                                     f"({_names('admission_names')})."),
+    routing: str | None = typer.Option(None, help=f"Override the stack's routing half ({_names('routing_names')})."),
+    workload: str = typer.Option("coding-agent", help="coding-agent | trace:PATH (Mooncake format)."),
+    conversations: str = typer.Option("8,16,32,48,64", help="Concurrent conversations; a list is a sweep."),
+    teams: str | None = typer.Option(None, help="NAME:N,NAME:N conversations per team (instead of "
+                                                "--conversations; for trace: request shares)."),
+    minutes: float = typer.Option(20.0, help="Simulated minutes, warm-up included."),
+    warmup_minutes: float = typer.Option(5.0, help="Minutes excluded from every figure."),
+    seed: int = typer.Option(1, help="Workload seed."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write {\"runs\": [...]} here."),
+    speedup: float = typer.Option(1.0, help="trace: divide arrival times by this."),
+    config: Path | None = typer.Option(None, help="Team limits (interfaces §6 YAML). Applied when the "
+                                                  "policy has admission control; otherwise ignored."),
+    scale: float = typer.Option(1.0, help="Multiply every workload token count."),
+    think_scale: float = typer.Option(1.0, help="Multiply think times."),
+    report: Path | None = typer.Option(None, help="Also write a report folder (plots, index.html)."),
+    jobs: int = typer.Option(0, help="Runs in parallel (0: one per CPU core)."),
+) -> None:
     """Run workloads against policies and engine profiles in virtual time."""
-    raise typer.Exit(code=2)
+    import orjson
+
+    from loadtest.report import print_table, write_report
+    from loadtest.simulate import SimConfig, build_core
+    from loadtest.workload import make_workload, parse_teams
+
+    try:
+        from backends.sim.engine import get_profile
+
+        get_profile(profile)
+        build_core(policy, admission, routing)  # fail fast on unknown names
+        make_workload(workload)
+        team_specs = parse_teams(teams) if teams else None
+    except (ValueError, ImportError) as exc:
+        raise _fail(str(exc)) from None
+    if config is not None and not config.is_file():
+        raise _fail(f"config file not found: {config}")
+    levels = [sum(t.conversations for t in team_specs)] if team_specs else _levels(conversations)
+    if workload.startswith("trace:"):
+        levels = levels[:1]
+    cfgs = [SimConfig(profile=profile, backends=backends, policy=policy, admission=admission, routing=routing,
+                      workload=workload, conversations=n, teams=team_specs, minutes=minutes,
+                      warmup_minutes=warmup_minutes, seed=seed, kv_tokens=kv_tokens, unbounded=unbounded,
+                      scale=scale, think_scale=think_scale, speedup=speedup, config=config) for n in levels]
+    console = Console()
+    workers = min(len(cfgs), jobs or os.cpu_count() or 1)
+    t0 = time.perf_counter()
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            results = list(pool.map(_sim_one, cfgs))
+    else:
+        results = [_sim_one(c) for c in cfgs]
+    rows = []
+    for row, wall in results:
+        rows.append(row)
+        console.print(f"[dim]simulated {row['conversations'] or '-'} conversations, {minutes:g} min: "
+                      f"{wall:.1f} s wall[/dim]")
+    console.print(f"[dim]total {time.perf_counter() - t0:.1f} s wall ({workers} process(es))[/dim]")
+    title = f"simulate: {workload} on {backends} x {profile}{' (unbounded)' if unbounded else ''}"
+    print_table(rows, title, console)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_bytes(orjson.dumps({"runs": rows}, option=orjson.OPT_INDENT_2))
+    if report is not None:
+        index = write_report(rows, report, title)
+        console.print(f"report: {index}")
 
 
-def loadtest() -> None:
+def loadtest(
+    base_url: list[str] = typer.Option(..., "--base-url", help="OpenAI-compatible base URL (repeatable: "
+                                                               "client-side round-robin)."),
+    api_key: str | None = typer.Option(None, envvar="CACHEGATE_API_KEY", help="Bearer key (per team: --teams)."),
+    model: str = typer.Option("kimi-k2", help="Model name to request."),
+    conversations: str = typer.Option("8", help="Concurrent conversations; a list is a sweep."),
+    duration: float = typer.Option(60.0, help="Seconds per level."),
+    warmup: float = typer.Option(0.0, help="Seconds at the start of each level excluded from figures."),
+    workload: str = typer.Option("coding-agent", help="coding-agent | trace:PATH."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write {\"runs\": [...]} here."),
+    report: Path | None = typer.Option(None, help="Write a report folder here."),
+    seed: int = typer.Option(1, help="Workload seed."),
+    teams: str | None = typer.Option(None, help="NAME:N[:KEY],... conversations (and API key) per team."),
+    scale: float = typer.Option(1.0, help="Multiply every workload token count."),
+    think_scale: float = typer.Option(1.0, help="Multiply think times (match a twin's --time-scale)."),
+    speedup: float = typer.Option(1.0, help="trace: divide arrival times by this."),
+    max_requests: int = typer.Option(100_000, min=1, help="Stop a level after this many requests."),
+    system: str = typer.Option("target", help="Label of the system under test in the table."),
+) -> None:
     """Drive an OpenAI-compatible URL with a workload in wall-clock time."""
-    raise typer.Exit(code=2)
+    import asyncio
+
+    import orjson
+
+    from loadtest.client import LiveConfig, sweep
+    from loadtest.report import print_table, write_report
+    from loadtest.workload import make_workload, parse_teams
+
+    try:
+        make_workload(workload)
+        team_specs = parse_teams(teams) if teams else None
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    base = LiveConfig(base_urls=list(base_url), model=model, api_key=api_key, workload=workload,
+                      teams=team_specs, duration_s=duration, warmup_s=warmup, seed=seed, scale=scale,
+                      think_scale=think_scale, speedup=speedup, max_requests=max_requests, system=system)
+    rows = asyncio.run(sweep(base, _levels(conversations)))
+    console = Console()
+    print_table(rows, f"loadtest: {workload} -> {', '.join(base_url)}", console)
+    if json_path is not None:
+        json_path.write_bytes(orjson.dumps({"runs": rows}, option=orjson.OPT_INDENT_2))
+    if report is not None:
+        console.print(f"report: {write_report(rows, report, f'loadtest: {workload}')}")
 
 
-def demo() -> None:
+def demo(
+    report: Path = typer.Option(Path("cachegate-report"), help="Report folder."),
+    conversations: str = typer.Option("4,8,16", help="Concurrency sweep."),
+    duration: float = typer.Option(20.0, help="Seconds per level and system."),
+    backends: int = typer.Option(4, min=1, help="Simulated backends (tiny profile)."),
+) -> None:
     """Start simulated backends and the gateway, run a short sweep, write a report."""
-    raise typer.Exit(code=2)
+    from loadtest.demo import DemoConfig, run_demo
+
+    try:
+        run_demo(DemoConfig(report=report, levels=_levels(conversations), duration_s=duration,
+                            backends=backends))
+    except (RuntimeError, OSError) as exc:
+        raise _fail(str(exc)) from None

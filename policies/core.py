@@ -71,12 +71,15 @@ class PassThroughCore:
         if reason is not None:
             choice = Dispatch(choice.rid, choice.backend, choice.rank, reason, choice.scores)
         self._inflight[req.rid] = (choice.backend, req)
+        self.router.dispatched(req, choice, now)
         return [choice]
 
     def arrive(self, req: RequestFacts, now: float) -> list[Decision]:
         return self._route(req, now)
 
     def first_token(self, rid: str, now: float) -> list[Decision]:
+        if rid in self._inflight:
+            self.router.first_token(rid, now)
         return []
 
     def finish(self, rid: str, outcome: Outcome, now: float) -> list[Decision]:
@@ -93,7 +96,8 @@ class PassThroughCore:
         entry = self._inflight.pop(rid, None)
         if entry is None:
             return []
-        _, req = entry
+        backend, req = entry
+        self.router.finished(rid, backend, Outcome(ok=False, reached_backend=False), now)
         retried = RequestFacts(**{**{f: getattr(req, f) for f in req.__slots__},
                                   "exclude": req.exclude | {failed_backend}})
         return self._route(retried, now, reason="retry")

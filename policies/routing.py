@@ -19,8 +19,16 @@ class Router(Protocol):
         """Pick a backend (and rank) among ``backends`` (all healthy, not excluded); None if none fits."""
         ...
 
+    def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
+        """``req`` was sent per ``decision`` (count its work now, not at the next load poll)."""
+        ...
+
+    def first_token(self, rid: str, now: float) -> None:
+        """The engine produced ``rid``'s first token (prefill done: learn the prefill rate)."""
+        ...
+
     def finished(self, rid: str, backend: str, outcome: Outcome, now: float) -> None:
-        """Learn from a request that ended on ``backend``."""
+        """Learn from a request that ended on ``backend`` (insert its prefix, free its load)."""
         ...
 
 
@@ -51,6 +59,12 @@ class RoundRobin:
         backend = backends[self._next % len(backends)]
         self._next += 1
         return Dispatch(req.rid, backend.name, None, reason="least_wait")
+
+    def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
+        return None
+
+    def first_token(self, rid: str, now: float) -> None:
+        return None
 
     def finished(self, rid: str, backend: str, outcome: Outcome, now: float) -> None:
         return None

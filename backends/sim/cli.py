@@ -1,4 +1,4 @@
-"""`cachegate sim-backend`: a simulated SGLang server (implemented by the twin)."""
+"""`cachegate sim-backend`: a simulated SGLang server (engine model behind SGLang 0.5.23's HTTP API)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,39 @@ def sim_backend(
     model: str = typer.Option("moonshotai/Kimi-K2-Instruct", help="Served model name."),
     unbounded: bool = typer.Option(False, help="Infinite KV (the perfect-cache ceiling)."),
     kv_tokens: int | None = typer.Option(None, help="Override the profile's KV capacity."),
+    cache_report: bool = typer.Option(
+        True,
+        "--cache-report/--no-cache-report",
+        help="Report usage.prompt_tokens_details.cached_tokens, as SGLang's --enable-cache-report does.",
+    ),
+    abort_delay: float = typer.Option(2.0, help="Wall seconds from a client disconnect to the abort."),
+    reasoning: bool = typer.Option(False, help="Stream part of every answer as reasoning_content."),
+    log_level: str = typer.Option("warning", help="uvicorn log level."),
 ) -> None:
     """Run a simulated SGLang server (engine model behind SGLang's HTTP API)."""
-    raise typer.Exit(code=2)
+    from backends.sim.serve import serve
+
+    if time_scale <= 0:
+        typer.echo("cachegate sim-backend: --time-scale must be > 0", err=True)
+        raise typer.Exit(code=2)
+    try:
+        serve(
+            profile,
+            host=host,
+            port=port,
+            log_level=log_level,
+            time_scale=time_scale,
+            model=model,
+            kv_tokens=kv_tokens,
+            unbounded=unbounded,
+            cache_report=cache_report,
+            abort_delay_s=abort_delay,
+            reasoning=reasoning,
+        )
+    except ValueError as exc:
+        typer.echo(f"cachegate sim-backend: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+
+
+if __name__ == "__main__":
+    typer.run(sim_backend)

@@ -1,0 +1,416 @@
+"""Discrete-event simulator: workload x decision core x engine profile x backends, in virtual time.
+
+The loop drives the very objects the live system runs: the decision core from
+``policies.registry`` (the gateway drives the same one from asyncio) and one ``Engine`` per backend
+(the live twin drives the same one from wall-clock sleeps). Nothing sleeps: the next thing to happen
+is either the earliest pending event on the heap (a client sends, a trace request arrives, a core
+tick, a backend poll) or the end of some engine's current forward pass, whichever comes first.
+
+What the core sees mirrors the live gateway: ``arrive`` with the request's facts (fingerprint =
+prompt blocks, conversation id, team, token counts), ``first_token``, ``finish``, a ``tick`` every
+``tick_s`` and after each completion, and ``set_backends`` with the engines' loads every
+``refresh_s`` (as the live pool polls ``/v1/loads``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from backends.sim.tokenizer import Block
+from loadtest.metrics import RequestRecord, summarize, team_rows
+from loadtest.workload import (
+    BLOCK_TOKENS,
+    TRACE_BLOCK_TOKENS,
+    CodingAgent,
+    Conversation,
+    PromptChain,
+    Segment,
+    TeamSpec,
+    TraceRequest,
+    TraceWorkload,
+    Workload,
+    answer_segment,
+    make_workload,
+    segment_blocks,
+    slot_teams,
+)
+from policies.core import DecisionCore
+from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts
+
+MODEL = "kimi"
+
+
+class EngineLike(Protocol):
+    """The part of ``backends.sim.engine.Engine`` the simulator uses."""
+
+    dp_size: int
+    max_total_num_tokens: int
+    counters: Any
+
+    def submit(self, req: Any, now: float) -> None: ...
+    def next_time(self) -> float | None: ...
+    def complete(self) -> list[Any]: ...
+    def advance(self, until: float) -> list[Any]: ...
+    def loads(self) -> list[Any]: ...
+
+
+EngineFactory = Callable[[], EngineLike]
+
+
+@dataclass
+class SimConfig:
+    profile: str
+    backends: int = 1
+    policy: str = "direct"
+    admission: str | None = None
+    routing: str | None = None
+    workload: str = "coding-agent"
+    conversations: int = 8
+    teams: list[TeamSpec] | None = None
+    minutes: float = 20.0
+    warmup_minutes: float = 5.0
+    seed: int = 1
+    kv_tokens: int | None = None
+    unbounded: bool = False
+    scale: float = 1.0
+    think_scale: float = 1.0
+    speedup: float = 1.0
+    config: Path | None = None
+    tick_s: float = 0.25
+    refresh_s: float = 1.0
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One closed-loop conversation slot: its current conversation and prompt so far."""
+
+    index: int
+    team: str
+    convs: Iterator[Conversation]
+    conv: Conversation
+    turn: int = 0
+    chain: PromptChain = field(default_factory=PromptChain)
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: RequestRecord
+    prompt: list[Block]
+    final_blocks: list[Block]
+    output_tokens: int
+    slot: _Slot | None = None
+    answer: list[Block] | None = None
+    base_len: int = 0
+    """Blocks the slot's prompt had before this turn appended its new messages."""
+
+
+_SEND, _ARRIVE, _TICK, _REFRESH, _WARM = range(5)
+
+
+class Simulator:
+    """One run. ``run()`` returns the records and the engines' retraction count in the window."""
+
+    def __init__(self, cfg: SimConfig, core: DecisionCore, engines: dict[str, EngineLike],
+                 workload: Workload) -> None:
+        self.cfg = cfg
+        self.core = core
+        self.engines = engines
+        self.workload = workload
+        self.end = cfg.minutes * 60.0
+        self.warm = min(cfg.warmup_minutes * 60.0, self.end)
+        self.records: list[RequestRecord] = []
+        self.pending: dict[str, _Pending] = {}
+        self.slots: list[_Slot] = []
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._seq = itertools.count()
+        self._rids = itertools.count()
+        self._trace: Iterator[TraceRequest] | None = None
+        self._retractions_at_warm = 0
+        self.retractions = 0
+
+    # -- event plumbing -------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, data: Any = None) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, data))
+
+    def _retractions(self) -> int:
+        return sum(int(e.counters.retractions) for e in self.engines.values())
+
+    def run(self) -> list[RequestRecord]:
+        teams = self.cfg.teams or [TeamSpec("default", self.cfg.conversations)]
+        self._on_heap(0.0, _REFRESH, None)  # the core knows the backends before anything arrives
+        if isinstance(self.workload, CodingAgent):
+            for i, team in enumerate(slot_teams(teams)):
+                convs = self.workload.conversations(i, team)
+                slot = _Slot(i, team, convs, next(convs))
+                self.slots.append(slot)
+                self._push(slot.conv.turns[0].think_s, _SEND, slot)
+        else:
+            self._trace = self.workload.requests(teams, until_s=self.end)
+            self._next_arrival()
+        self._push(self.cfg.tick_s, _TICK)
+        self._push(self.warm, _WARM)
+        engines = list(self.engines.values())
+        while True:
+            t_eng, eng = min(((e.next_time(), e) for e in engines if e.next_time() is not None),
+                             default=(None, None), key=lambda p: p[0])
+            t_heap = self._heap[0][0] if self._heap else None
+            if t_eng is not None and (t_heap is None or t_eng <= t_heap):
+                if t_eng >= self.end:
+                    break
+                self._on_engine_events(eng.complete(), t_eng)
+                continue
+            if t_heap is None or t_heap >= self.end:
+                break
+            t, _, kind, data = heapq.heappop(self._heap)
+            self._on_heap(t, kind, data)
+        self.retractions = self._retractions() - self._retractions_at_warm
+        return self.records
+
+    def _on_heap(self, now: float, kind: int, data: Any) -> None:
+        if kind == _SEND:
+            self._send_turn(data, now)
+        elif kind == _ARRIVE:
+            self._arrive_trace(data, now)
+            self._next_arrival()
+        elif kind == _TICK:
+            self._apply(self.core.tick(now), now)
+            self._push(now + self.cfg.tick_s, _TICK)
+        elif kind == _REFRESH:
+            self._apply(self.core.set_backends(MODEL, self.views(), now), now)
+            self._push(now + self.cfg.refresh_s, _REFRESH)
+        elif kind == _WARM:
+            self._retractions_at_warm = self._retractions()
+
+    def views(self) -> list[BackendView]:
+        views = []
+        for name, e in self.engines.items():
+            loads = e.loads()
+            views.append(BackendView(
+                name=name, healthy=True, kv_tokens=e.max_total_num_tokens, dp_size=e.dp_size,
+                running=sum(r.num_running_reqs for r in loads),
+                waiting=sum(r.num_waiting_reqs for r in loads),
+                token_usage=sum(r.token_usage for r in loads) / max(1, len(loads))))
+        return views
+
+    # -- requests -------------------------------------------------------------------------------
+    def _new_rid(self) -> str:
+        return f"r{next(self._rids)}"
+
+    def _send_turn(self, slot: _Slot, now: float) -> None:
+        conv = slot.conv
+        turn = conv.turns[slot.turn]
+        base_len = len(slot.chain.blocks)
+        for seg in turn.new:
+            slot.chain.extend(seg)
+        prompt = list(slot.chain.blocks)
+        answer = _append_blocks(prompt, conv.answer_segment(slot.turn).pieces, BLOCK_TOKENS)
+        rid = self._new_rid()
+        rec = RequestRecord(rid, team=slot.team, slot=slot.index, arrival=now)
+        self._submit_facts(_Pending(rec, prompt, prompt + answer, turn.output_tokens, slot, answer, base_len),
+                           conv.cid, now)
+
+    def _next_arrival(self) -> None:
+        assert self._trace is not None
+        req = next(self._trace, None)
+        if req is not None:
+            self._push(req.arrival_s, _ARRIVE, req)
+
+    def _arrive_trace(self, req: TraceRequest, now: float) -> None:
+        prompt = segment_blocks(req.prompt, TRACE_BLOCK_TOKENS)
+        answer = _append_blocks(prompt, answer_segment(f"{req.rid}/answer", req.output_tokens).pieces,
+                                TRACE_BLOCK_TOKENS)
+        rec = RequestRecord(req.rid, team=req.team, arrival=now)
+        self._submit_facts(_Pending(rec, prompt, prompt + answer, req.output_tokens), None, now)
+
+    def _submit_facts(self, p: _Pending, conversation: str | None, now: float) -> None:
+        self.records.append(p.record)
+        self.pending[p.record.rid] = p
+        p.record.prompt_tokens = sum(n for _, n in p.prompt)
+        facts = RequestFacts(rid=p.record.rid, model=MODEL, team=p.record.team,
+                             prompt_tokens=p.record.prompt_tokens, max_output_tokens=p.output_tokens,
+                             fingerprint=tuple(p.prompt), conversation=conversation)
+        self._apply(self.core.arrive(facts, now), now)
+
+    def _apply(self, decisions: list[Decision], now: float) -> None:
+        queue = deque(decisions)
+        while queue:
+            d = queue.popleft()
+            p = self.pending.get(d.rid)
+            if p is None:
+                continue
+            if isinstance(d, Dispatch):
+                engine = self.engines[d.backend]
+                queue.extend(self._on_engine_events(engine.advance(now), now, apply=False))
+                p.record.backend = d.backend
+                engine.submit(_engine_request(d.rid, p, d.rank), now)
+            elif isinstance(d, Refuse):
+                self._refused(p, d, now)
+
+    def _refused(self, p: _Pending, d: Refuse, now: float) -> None:
+        del self.pending[p.record.rid]
+        p.record.error = d.code
+        p.record.ok = False
+        p.record.finish = now
+        if p.slot is not None:  # the client retries the same turn after Retry-After
+            del p.slot.chain.blocks[p.base_len :]
+            self._push(now + max(1.0, d.retry_after_s), _SEND, p.slot)
+
+    def _on_engine_events(self, events: list[Any], now: float, *, apply: bool = True) -> list[Decision]:
+        decisions: list[Decision] = []
+        finished = False
+        for ev in events:
+            p = self.pending.get(ev.rid)
+            if p is None:
+                continue
+            rec = p.record
+            if ev.kind == "first_token":
+                if rec.first_token is None:
+                    rec.first_token = ev.time
+                decisions += self.core.first_token(ev.rid, ev.time)
+                continue
+            del self.pending[ev.rid]
+            finished = True
+            rec.finish = ev.time
+            rec.prompt_tokens = ev.prompt_tokens
+            rec.cached_tokens = ev.cached_tokens
+            rec.output_tokens = ev.completion_tokens
+            rec.ok = ev.finish_reason != "abort"
+            if not rec.ok:
+                rec.error = "abort"
+            decisions += self.core.finish(ev.rid, Outcome(
+                ok=rec.ok, prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens,
+                cached_tokens=ev.cached_tokens), ev.time)
+            if p.slot is not None:
+                self._next_turn(p, ev.time)
+        if finished:
+            decisions += self.core.tick(now)
+        if apply:
+            self._apply(decisions, now)
+            return []
+        return decisions
+
+    def _next_turn(self, p: _Pending, now: float) -> None:
+        slot = p.slot
+        assert slot is not None and p.answer is not None
+        slot.chain.blocks.extend(p.answer)
+        slot.turn += 1
+        if slot.turn >= len(slot.conv.turns):
+            slot.conv = next(slot.convs)
+            slot.turn = 0
+            slot.chain = PromptChain()
+        self._push(now + slot.conv.turns[slot.turn].think_s, _SEND, slot)
+
+
+def _append_blocks(prompt: list[Block], pieces: tuple[tuple[str, int], ...],
+                   block_tokens: int) -> list[Block]:
+    """Blocks that ``pieces`` add after ``prompt`` (chained from its last key)."""
+    chain = PromptChain(block_tokens)
+    chain.blocks = prompt[-1:]
+    chain.extend(Segment("assistant", pieces))
+    return chain.blocks[1:] if prompt else chain.blocks
+
+
+def _engine_request(rid: str, p: _Pending, rank: int | None) -> Any:
+    from backends.sim.engine import EngineRequest
+
+    return EngineRequest(rid=rid, prompt=p.prompt, output_tokens=p.output_tokens,
+                         max_new_tokens=p.output_tokens, final_blocks=p.final_blocks, dp_rank=rank)
+
+
+# -- building a run ------------------------------------------------------------------------------
+
+def build_core(policy: str, admission: str | None = None, routing: str | None = None,
+               config: dict | None = None) -> DecisionCore:
+    """The decision core for ``--policy`` with optional ``--admission`` / ``--routing`` overrides.
+
+    Overrides are passed to ``policies.registry.build(policy, admission=..., routing=...)`` once the
+    registry accepts them; until then naming one is an error that says so. ``config`` (the
+    ``--config`` file's content) goes to ``core.configure(config)`` when the core has it (team
+    limits arrive with admission control; until then it is accepted and ignored).
+    """
+    import inspect
+
+    from policies import registry
+
+    kwargs: dict[str, str] = {}
+    if admission is not None:
+        kwargs["admission"] = admission
+    if routing is not None:
+        kwargs["routing"] = routing
+    params = inspect.signature(registry.build).parameters
+    missing = [k for k in kwargs if k not in params]
+    if missing:
+        raise ValueError(f"--{missing[0]} is not supported by this build (no {missing[0]} overrides "
+                         f"registered yet); policies: {', '.join(registry.names())}")
+    core = registry.build(policy, **kwargs)
+    if config is not None and hasattr(core, "configure"):
+        core.configure(config)
+    return core
+
+
+def default_engine_factory(cfg: SimConfig) -> EngineFactory:
+    from backends.sim.engine import Engine, get_profile
+
+    profile = get_profile(cfg.profile)
+    return lambda: Engine(profile, kv_tokens=cfg.kv_tokens, unbounded=cfg.unbounded)
+
+
+def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None,
+            core: DecisionCore | None = None) -> dict:
+    """One simulated run -> one JSON row (issue 4's fields, plus ``kv_tokens`` and ``unbounded``)."""
+    config = _load_config(cfg.config)
+    core = core or build_core(cfg.policy, cfg.admission, cfg.routing, config)
+    factory = engine_factory or default_engine_factory(cfg)
+    engines = {f"b{i}": factory() for i in range(cfg.backends)}
+    workload = make_workload(cfg.workload, seed=cfg.seed, scale=cfg.scale, think_scale=cfg.think_scale,
+                             speedup=cfg.speedup)
+    sim = Simulator(cfg, core, engines, workload)
+    records = sim.run()
+    teams = cfg.teams or [TeamSpec("default", cfg.conversations)]
+    closed = isinstance(workload, CodingAgent)
+    slots = {s.index: s.team for s in sim.slots} if closed else None
+    window = summarize(records, sim.warm, sim.end, slots=slots, backends=list(engines))
+    first = next(iter(engines.values()))
+    row: dict[str, Any] = {
+        "policy": _policy_label(cfg), "profile": cfg.profile, "backends": cfg.backends,
+        "workload": workload.name, "seed": cfg.seed, "minutes": cfg.minutes,
+        "conversations": sum(t.conversations for t in teams) if closed else None,
+    }
+    row.update(window)
+    row["retractions"] = sim.retractions
+    row["teams"] = team_rows(records, sim.warm, sim.end, {t.name: t.conversations for t in teams})
+    if not closed:  # open loop: teams are request shares, not conversations
+        for team in row["teams"].values():
+            team["conversations"] = None
+    row["kv_tokens"] = None if cfg.unbounded else first.max_total_num_tokens
+    row["unbounded"] = cfg.unbounded
+    return row
+
+
+def _policy_label(cfg: SimConfig) -> str:
+    parts = [cfg.policy]
+    if cfg.admission:
+        parts.append(f"admission={cfg.admission}")
+    if cfg.routing:
+        parts.append(f"routing={cfg.routing}")
+    return "+".join(parts)
+
+
+def _load_config(path: Path | None) -> dict | None:
+    if path is None:
+        return None
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping (interfaces §6 shape)")
+    return data
+
+
+__all__ = ["SimConfig", "Simulator", "TraceWorkload", "build_core", "run_one"]

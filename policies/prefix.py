@@ -1,0 +1,139 @@
+"""The prefix fingerprint: chained hashes over fixed-size blocks of a canonical rendering.
+
+The live gateway has no tokenizer, so it fingerprints bytes: ``render(body)`` turns a parsed chat
+or completion request into one canonical byte string (tools first, then every message in order:
+role, content, tool calls, tool call id, name; never only the first message), and
+``fingerprint(data, tokens_per_byte)`` cuts it into ``BLOCK_BYTES`` blocks, each keyed by a hash of
+*all* bytes up to its end (so equal keys mean equal prefixes) and carrying its estimated tokens.
+
+Block size: 1 KiB, about 256 tokens at Kimi's ~4 bytes per token. Small enough that a turn's new
+tool result (a few thousand tokens) adds about ten blocks and a prefix match loses at most 256
+tokens at its end; large enough that a 160k-token prompt is 640 blocks (a 2 ms budget). A changed
+message changes the block holding its first changed byte and every block after it, nothing before.
+
+The simulator builds fingerprints from the workload's block ids instead (``from_blocks``); those
+blocks have other sizes (512 or 1024 tokens, shorter at segment ends), so nothing downstream may
+assume a block size: every block carries its own token count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from policies.types import Fingerprint
+
+BLOCK_BYTES = 1024
+"""Bytes per fingerprint block (about 256 tokens)."""
+
+# Separators that cannot occur in UTF-8 JSON text produced by orjson or in ordinary content
+# without escaping: a record separator before each message, a unit separator between fields.
+_MSG = b"\x1e"
+_FIELD = b"\x1f"
+_DUMP_OPTS = orjson.OPT_SORT_KEYS
+
+
+def _dump(value: Any) -> bytes:
+    return orjson.dumps(value, option=_DUMP_OPTS)
+
+
+def _content(value: Any) -> bytes:
+    """A message's content: a string as UTF-8; text parts as their text; other parts as sorted JSON."""
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    if isinstance(value, list):
+        out = []
+        for part in value:
+            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                out.append(part["text"].encode("utf-8", "surrogatepass"))
+            elif isinstance(part, str):
+                out.append(part.encode("utf-8", "surrogatepass"))
+            else:
+                out.append(_dump(part))
+        return _FIELD.join(out)
+    return _dump(value)
+
+
+_MESSAGE_FIELDS = ("reasoning_content", "tool_calls", "tool_call_id", "name")
+
+
+def render_chat(body: Mapping[str, Any]) -> bytes:
+    """Canonical bytes of a chat request: tools, then every message in order."""
+    parts: list[bytes] = []
+    tools = body.get("tools")
+    if tools:
+        parts.append(b"tools" + _FIELD + _dump(tools))
+    for msg in body.get("messages") or ():
+        if not isinstance(msg, Mapping):
+            parts.append(_MSG + _dump(msg))
+            continue
+        fields = [str(msg.get("role", "")).encode(), _content(msg.get("content"))]
+        for key in _MESSAGE_FIELDS:
+            value = msg.get(key)
+            if value is not None:
+                fields.append(key.encode() + b"=" + (value.encode() if isinstance(value, str) else _dump(value)))
+        parts.append(_MSG + _FIELD.join(fields))
+    return b"".join(parts)
+
+
+def render_completion(body: Mapping[str, Any]) -> bytes:
+    """Canonical bytes of a completion request's prompt (a string, strings, or token ids)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt.encode("utf-8", "surrogatepass")
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return _MSG.join(p.encode("utf-8", "surrogatepass") for p in prompt)
+    return _dump(prompt)
+
+
+def render(body: Mapping[str, Any]) -> bytes:
+    """Canonical bytes of a parsed request body: chat when it has ``messages``, else completion."""
+    return render_chat(body) if "messages" in body else render_completion(body)
+
+
+def fingerprint(data: bytes, tokens_per_byte: float, block_bytes: int = BLOCK_BYTES) -> Fingerprint:
+    """Chained block hashes of ``data`` with each block's estimated tokens.
+
+    Key of block i = the first 8 bytes of SHA-1 over ``data[: (i+1)·block_bytes]`` (an incremental
+    hash, copied at each block end: one pass over the bytes; SHA-1 because it is the fastest
+    hashlib digest here, about 1 GB/s, and only accidental collisions matter). Tokens of block i =
+    ``round(end·r) − round(start·r)`` with ``r = tokens_per_byte`` (at least 1), so the blocks add
+    up to ``round(len(data)·r)`` however the data is cut.
+    """
+    h = hashlib.sha1()
+    view = memoryview(data)
+    out: list[tuple[int, int]] = []
+    prev_tokens = 0
+    from_bytes = int.from_bytes
+    for start in range(0, len(data), block_bytes):
+        end = min(start + block_bytes, len(data))
+        h.update(view[start:end])
+        tokens = round(end * tokens_per_byte)
+        out.append((from_bytes(h.copy().digest()[:8], "little"), max(1, tokens - prev_tokens)))
+        prev_tokens = tokens
+    return tuple(out)
+
+
+def request_fingerprint(body: Mapping[str, Any], tokens_per_byte: float,
+                        block_bytes: int = BLOCK_BYTES) -> tuple[Fingerprint, int]:
+    """``(fingerprint, rendered bytes)`` of a parsed request body (the bytes feed token estimates)."""
+    data = render(body)
+    return fingerprint(data, tokens_per_byte, block_bytes), len(data)
+
+
+def from_blocks(blocks: Iterable[tuple[int, int]]) -> Fingerprint:
+    """A fingerprint from blocks that are already ``(chained key, tokens)`` (the simulator's)."""
+    return tuple((int(k), int(n)) for k, n in blocks)
+
+
+def total_tokens(fp: Fingerprint) -> int:
+    return sum(n for _, n in fp)
+
+
+__all__ = ["BLOCK_BYTES", "fingerprint", "from_blocks", "render", "render_chat", "render_completion",
+           "request_fingerprint", "total_tokens"]

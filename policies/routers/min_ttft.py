@@ -1,0 +1,363 @@
+"""``min-ttft``: cachegate's router. Each request goes where its first token is expected soonest."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from policies.prefix_index import PrefixIndex, cumulative_tokens
+from policies.routers.base import Inflight, Rendezvous, Slot, make_dispatch, slot_label, slot_of, slots_of, stable_hash
+from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillModel:
+    """Prefill seconds of ``u`` uncached tokens after ``c`` cached ones (sglang-and-kimi.md §9.3):
+    ``t0 + u / rate + k_attn · u · (c + u/2)``. Defaults: Kimi on 8×B300 TP8 (t0 30 ms, 40k tok/s,
+    k_attn 6.25e-10 s per token·context): a 160k-token recompute ≈ 12 s, a 3k-token turn ≈ 0.4 s."""
+
+    t0: float = 0.03
+    rate: float = 40_000.0
+    k_attn: float = 6.25e-10
+
+    def seconds(self, uncached: int, cached: int) -> float:
+        u = max(0, uncached)
+        return self.t0 + u / self.rate + self.k_attn * u * (cached + u / 2)
+
+
+class CommonBlocks:
+    """Blocks that many recent requests share (a common system prompt, tools).
+
+    A block is common iff it is among the first ``scan_blocks`` blocks of at least
+    ``max(min_count, frac × n)`` of the last ``n ≤ window`` requests. Such blocks say nothing about
+    which conversation a request belongs to, so the router skips them when it looks for a
+    request's match and for its rendezvous key. Defaults: ``window`` 512 requests, ``frac`` 0.25
+    (up to four distinct system prompts are each recognised), ``min_count`` 2, ``scan_blocks`` 256.
+    """
+
+    def __init__(self, *, window: int = 512, frac: float = 0.25, min_count: int = 2,
+                 scan_blocks: int = 256) -> None:
+        self.window = window
+        self.frac = frac
+        self.min_count = min_count
+        self.scan_blocks = scan_blocks
+        self._recent: deque[tuple[int, ...]] = deque()
+        self._counts: dict[int, int] = {}
+
+    def prefix_blocks(self, fp: Fingerprint) -> int:
+        """How many leading blocks of ``fp`` are common."""
+        threshold = max(self.min_count, self.frac * len(self._recent))
+        counts = self._counts
+        n = 0
+        for key, _ in fp[: self.scan_blocks]:
+            if counts.get(key, 0) < threshold:
+                break
+            n += 1
+        return n
+
+    def observe(self, fp: Fingerprint) -> None:
+        keys = tuple(k for k, _ in fp[: self.scan_blocks])
+        counts = self._counts
+        self._recent.append(keys)
+        for k in keys:
+            counts[k] = counts.get(k, 0) + 1
+        if len(self._recent) > self.window:
+            for k in self._recent.popleft():
+                left = counts[k] - 1
+                if left:
+                    counts[k] = left
+                else:
+                    del counts[k]
+
+
+class Footprint:
+    """Each slot's recent working set: the latest prompt tokens of every conversation that sent a
+    request there within the last ``active_s`` seconds (default 120). A conversation is known by
+    its key (its first distinguishing block); when it moves, it leaves its old slot's set."""
+
+    def __init__(self, active_s: float = 120.0) -> None:
+        self.active_s = active_s
+        self._per_slot: dict[Slot, OrderedDict[int, tuple[float, int]]] = {}
+        self._total: dict[Slot, int] = {}
+        self._home: dict[int, Slot] = {}
+
+    def touch(self, slot: Slot, key: int, tokens: int, now: float) -> None:
+        home = self._home.get(key)
+        if home is not None:
+            old = self._per_slot[home].pop(key, None)
+            if old is not None:
+                self._total[home] -= old[1]
+        self._home[key] = slot
+        recent = self._per_slot.setdefault(slot, OrderedDict())
+        recent[key] = (now, tokens)
+        self._total[slot] = self._total.get(slot, 0) + tokens
+
+    def tokens(self, slot: Slot, now: float) -> int:
+        recent = self._per_slot.get(slot)
+        if not recent:
+            return 0
+        horizon = now - self.active_s
+        while recent:
+            key, (t, n) = next(iter(recent.items()))
+            if t >= horizon:
+                break
+            recent.popitem(last=False)
+            self._total[slot] -= n
+            if self._home.get(key) == slot:
+                del self._home[key]
+        return self._total[slot]
+
+
+@dataclass(slots=True)
+class _Entry:
+    slot: Slot
+    fp: Fingerprint
+    prompt: int
+    cached: int
+    prefill_s: float
+    wait_s: float
+    dispatched_at: float
+    ttft: float | None = None
+
+
+@dataclass(slots=True)
+class _SlotState:
+    busy_until: float = 0.0
+    """When this rank's prefill queue (as this router counted it) should be empty."""
+    pending_s: float = 0.0
+    pending: set[str] = field(default_factory=set)
+    """Requests dispatched here that have no first token yet."""
+
+
+class MinTTFT:
+    """Minimum expected time to first token, with a load gate and replica-stable cold placement.
+
+    For each candidate slot s (a backend, or one DP rank of it) and a request of P prompt tokens:
+
+    - ``c_s`` = tokens of the request's prefix the slot probably holds (``PrefixIndex``: prompts
+      dispatched there, LRU-bounded by the rank's ``kv_tokens``);
+    - ``wait_s`` = the prefill work this router queued there that has not produced a first token
+      (each dispatch adds its predicted prefill after what is already queued) plus, when the backend
+      reports more waiting requests than this router has pending there (other replicas, other
+      clients), that surplus × the recent mean prefill, split over its ranks;
+    - ``prefill_s = PrefillModel(P − c_s, c_s) / speed_b``, ``speed_b`` learned per backend as an
+      EWMA (``learn_alpha``) of predicted/observed prefill time over requests that found nothing
+      queued ahead (observed = TTFT; predicted from the cached tokens the engine reported);
+    - ``ttft_s = wait_s + prefill_s``.
+
+    Gate (safety net against hot spots): with ``n_s`` the requests in flight on s (this router's,
+    plus any surplus the backend reports, split over ranks) and ``m = (Σ n + 1) / S``, s is allowed
+    iff ``n_s + 1 ≤ max(gate_ratio × m, m + gate_slack)``; if none is, all are.
+
+    Choice: blocks every recent request shares (``CommonBlocks``) are not evidence of a
+    conversation. If some slot holds more than those common tokens (a *warm* request), the near
+    ties are the allowed slots within ``max(tie_abs_s, tie_rel × best)`` of the best ``ttft_s``;
+    among them keep those holding the longest match (a tie must not cost the cache the next turn
+    needs) and pick one at random (seeded): reason ``prefix`` when the pick holds the longest match
+    of all candidates, else ``least_wait``. If
+    no slot does (a *cold* request: a new conversation), order the allowed slots by rendezvous
+    hashing of the request's first non-common block (its first distinguishing block: equal for
+    every turn of a conversation, and computed the same way by every gateway replica without
+    shared state) and take the first one whose prefill is within the tie band of the cheapest and
+    whose load stays under ``ceil(load_factor × (Σ n + 1) / S)`` (bounded-load rendezvous); failing
+    that, the first under the bound; reason ``cold_hash``. When the gate removed the slot with the
+    best ``ttft_s``, the reason is ``imbalance``.
+
+    Parameters and defaults: ``model`` ``PrefillModel()``, ``tie_rel`` 0.1, ``tie_abs_s`` 0.05,
+    ``gate_ratio`` 1.5, ``gate_slack`` 2 requests, ``load_factor`` 1.25, ``learn_alpha`` 0.1,
+    ``min_learn_s`` 0.05 (shorter predicted prefills are too noisy to learn from), ``speed`` clamped
+    to [0.1, 10], ``default_capacity`` 1,000,000 tokens per rank until a backend reports its own,
+    ``common`` ``CommonBlocks()``, ``seed`` 0 (near-tie RNG).
+
+    ``Dispatch.scores``: ``prompt_tokens``, ``common_tokens``, ``matched_tokens`` and
+    ``expected_ttft_s`` / ``wait_s`` of the pick, ``best_match_tokens``, ``candidates``, and
+    ``ttft_s:<backend>@<rank>`` for the (up to) eight best candidates.
+    """
+
+    name = "min-ttft"
+
+    def __init__(self, *, model: PrefillModel | None = None, tie_rel: float = 0.1, tie_abs_s: float = 0.05,
+                 gate_ratio: float = 1.5, gate_slack: float = 2.0, load_factor: float = 1.25,
+                 learn_alpha: float = 0.1, min_learn_s: float = 0.05, default_capacity: int = 1_000_000,
+                 common: CommonBlocks | None = None, active_s: float = 120.0, seed: int = 0) -> None:
+        self.model = model or PrefillModel()
+        self.tie_rel = tie_rel
+        self.tie_abs_s = tie_abs_s
+        self.gate_ratio = gate_ratio
+        self.gate_slack = gate_slack
+        self.load_factor = load_factor
+        self.learn_alpha = learn_alpha
+        self.min_learn_s = min_learn_s
+        self.index = PrefixIndex(default_capacity)
+        self.common = common or CommonBlocks()
+        self.speed: dict[str, float] = {}
+        self._rng = random.Random(seed)
+        self._rendezvous = Rendezvous()
+        self._inflight = Inflight()
+        self._slots: dict[Slot, _SlotState] = {}
+        self._entries: dict[str, _Entry] = {}
+        self._pending_per_backend: dict[str, int] = {}
+        self._mean_prefill_s = self.model.seconds(8_000, 0)
+        self.footprint = Footprint(active_s)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _state(self, slot: Slot) -> _SlotState:
+        st = self._slots.get(slot)
+        if st is None:
+            st = self._slots[slot] = _SlotState()
+        return st
+
+    def _prefill(self, backend: str, prompt: int, cached: int) -> float:
+        return self.model.seconds(prompt - cached, cached) / self.speed.get(backend, 1.0)
+
+    def _surplus(self, view: BackendView) -> tuple[float, float]:
+        """(requests, seconds of waiting prefill) the backend reports beyond ours, per rank."""
+        ranks = max(1, view.dp_size)
+        mine = self._inflight.per_backend.get(view.name, 0)
+        extra_n = max(0, view.running + view.waiting - mine) / ranks
+        extra_wait = max(0, view.waiting - self._pending_per_backend.get(view.name, 0)) / ranks
+        return extra_n, extra_wait * self._mean_prefill_s
+
+    # -- Router protocol -------------------------------------------------------------------------
+    def route(self, req: RequestFacts, backends: Sequence[BackendView], now: float) -> Dispatch | None:
+        slots = slots_of(backends)
+        if not slots:
+            return None
+        fp = req.fingerprint
+        cum = cumulative_tokens(fp)
+        prompt = max(req.prompt_tokens, cum[-1])
+        common_blocks = self.common.prefix_blocks(fp)
+        common_tokens = cum[common_blocks]
+        surplus = {b.name: self._surplus(b) for b in backends}
+
+        n: list[float] = []
+        matched: list[int] = []
+        prefill: list[float] = []
+        ttft: list[float] = []
+        waits: list[float] = []
+        for slot, view in slots:
+            self.index.set_capacity(slot, view.kv_tokens)
+            extra_n, extra_wait = surplus[view.name]
+            st = self._slots.get(slot)
+            wait = (max(0.0, st.busy_until - now) if st else 0.0) + extra_wait
+            c = self.index.matched_tokens(slot, fp, cum)
+            p = self._prefill(view.name, prompt, c)
+            n.append(self._inflight.count(slot) + extra_n)
+            matched.append(c)
+            prefill.append(p)
+            waits.append(wait)
+            ttft.append(wait + p)
+
+        count = len(slots)
+        mean_after = (sum(n) + 1) / count
+        limit = max(self.gate_ratio * mean_after, mean_after + self.gate_slack)
+        allowed = [i for i in range(count) if n[i] + 1 <= limit] or list(range(count))
+        best_all = min(range(count), key=ttft.__getitem__)
+        best_match = max(matched)
+
+        if best_match > common_tokens:
+            best = min(ttft[i] for i in allowed)
+            band = best + max(self.tie_abs_s, self.tie_rel * best)
+            near = [i for i in allowed if ttft[i] <= band]
+            longest = max(matched[i] for i in near)
+            chosen = self._rng.choice([i for i in near if matched[i] == longest])
+            reason = "prefix" if matched[chosen] == best_match else "least_wait"
+        else:
+            chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, allowed, prefill, now)
+            reason = "cold_hash"
+        if best_all not in allowed and chosen != best_all:
+            reason = "imbalance"
+
+        slot, view = slots[chosen]
+        scores = {"prompt_tokens": float(prompt), "common_tokens": float(common_tokens),
+                  "matched_tokens": float(matched[chosen]), "best_match_tokens": float(best_match),
+                  "expected_ttft_s": ttft[chosen], "wait_s": waits[chosen], "candidates": float(count)}
+        for i in sorted(range(count), key=ttft.__getitem__)[:8]:
+            scores[f"ttft_s:{slot_label(slots[i][0])}"] = ttft[i]
+        return make_dispatch(req.rid, slot, view, reason, scores)
+
+    @staticmethod
+    def _key(fp: Fingerprint, common_blocks: int, req: RequestFacts) -> int:
+        """A conversation's identity: its first distinguishing block (the same for all its turns)."""
+        return fp[min(common_blocks, len(fp) - 1)][0] if fp else stable_hash(req.conversation or req.rid)
+
+    def _cold(self, key: int, prompt: int, slots: list[tuple[Slot, BackendView]], allowed: list[int],
+              prefill: list[float], now: float) -> int:
+        """Bounded-load rendezvous over the allowed slots, load = recent working set in tokens."""
+        cheapest = min(prefill[i] for i in allowed)
+        band = cheapest + max(self.tie_abs_s, self.tie_rel * cheapest)
+        load = [self.footprint.tokens(s, now) for s, _ in slots]
+        bound = max(self.load_factor * (sum(load) + prompt) / len(slots), prompt)
+        position = {slots[i][0]: i for i in allowed}
+        order = [position[s] for s in self._rendezvous.order(key, list(position))]
+        for i in order:
+            if prefill[i] <= band and load[i] + prompt <= bound:
+                return i
+        for i in order:
+            if load[i] + prompt <= bound:
+                return i
+        return min(allowed, key=load.__getitem__)
+
+    def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
+        slot = slot_of(decision)
+        fp = req.fingerprint
+        cum = cumulative_tokens(fp)
+        prompt = max(req.prompt_tokens, cum[-1])
+        cached = self.index.matched_tokens(slot, fp, cum)
+        p = self._prefill(slot[0], prompt, cached)
+        st = self._state(slot)
+        start = max(st.busy_until, now)
+        st.busy_until = start + p
+        st.pending_s += p
+        st.pending.add(req.rid)
+        self._pending_per_backend[slot[0]] = self._pending_per_backend.get(slot[0], 0) + 1
+        self._entries[req.rid] = _Entry(slot, fp, prompt, cached, p, start - now, now)
+        self._inflight.add(req.rid, slot)
+        self.footprint.touch(slot, self._key(fp, self.common.prefix_blocks(fp), req), prompt, now)
+        self.index.insert(slot, fp)
+        self.common.observe(fp)
+        self._mean_prefill_s += 0.05 * (p - self._mean_prefill_s)
+
+    def _prefill_done(self, e: _Entry, rid: str, now: float) -> None:
+        st = self._state(e.slot)
+        if rid not in st.pending:
+            return
+        st.pending.discard(rid)
+        st.pending_s = max(0.0, st.pending_s - e.prefill_s) if st.pending else 0.0
+        # What is still queued starts now (the engine prefills one batch after another).
+        st.busy_until = now + st.pending_s
+        self._pending_per_backend[e.slot[0]] -= 1
+
+    def first_token(self, rid: str, now: float) -> None:
+        e = self._entries.get(rid)
+        if e is None or e.ttft is not None:
+            return
+        e.ttft = now - e.dispatched_at
+        self._prefill_done(e, rid, now)
+
+    def finished(self, rid: str, backend: str, outcome: Outcome, now: float) -> None:
+        e = self._entries.pop(rid, None)
+        self._inflight.remove(rid)
+        if e is None:
+            return
+        self._prefill_done(e, rid, now)
+        if outcome.ok and outcome.reached_backend:
+            self.index.insert(e.slot, e.fp)  # the engine caches the prompt again as it finishes
+            self._learn(e, outcome)
+
+    def _learn(self, e: _Entry, outcome: Outcome) -> None:
+        if e.ttft is None or e.ttft <= 0 or e.wait_s > 0:
+            return
+        if outcome.prompt_tokens > 0:
+            base = self.model.seconds(outcome.prompt_tokens - outcome.cached_tokens, outcome.cached_tokens)
+        else:
+            base = self.model.seconds(e.prompt - e.cached, e.cached)
+        if base < self.min_learn_s:
+            return
+        sample = min(10.0, max(0.1, base / e.ttft))
+        backend = e.slot[0]
+        speed = self.speed.get(backend, 1.0)
+        self.speed[backend] = min(10.0, max(0.1, speed + self.learn_alpha * (sample - speed)))
