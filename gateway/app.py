@@ -34,6 +34,7 @@ from gateway.metrics import Metrics
 from gateway.openai import Kind, ParsedRequest, parse, upstream_body
 from gateway.proxy import RETRYABLE, Result, StreamWatch, read_body, read_usage, relay_stream, send_bytes
 from policies import registry
+from policies.prefix import request_fingerprint, total_tokens
 from policies.tokens import TokenEstimator
 from policies.types import Dispatch, Outcome, Refuse, RequestFacts
 
@@ -50,6 +51,10 @@ class Gateway:
         self.keys = KeyStore(config)
         self.metrics = metrics or Metrics()
         self.core = registry.build(config.policy)
+        configure = getattr(self.core, "configure", None)
+        if configure is not None:
+            configure({"teams": {n: t.model_dump() for n, t in config.teams.items()},
+                       "admission": config.admission.model_dump(exclude_none=True)})
         self.dispatcher = Dispatcher(self.core)
         self.dispatcher.on_decision = self._count_decision
         self.estimator = TokenEstimator()
@@ -168,9 +173,11 @@ class CompletionsEndpoint:
         gw = self.gw
         m = gw.metrics
         alias = req.model
+        fingerprint, rendered = request_fingerprint(req.body, gw.estimator.ratio)
+        req.prompt_bytes = rendered
         facts = RequestFacts(rid=rid, model=alias, team=team, stream=req.stream,
-                             prompt_tokens=gw.estimator.estimate(req.prompt_bytes),
-                             max_output_tokens=req.max_tokens or 0)
+                             prompt_tokens=total_tokens(fingerprint), max_output_tokens=req.max_tokens or 0,
+                             fingerprint=fingerprint)
         gw._alias_of[rid] = alias
         status = 0
         backend_name = ""

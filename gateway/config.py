@@ -108,10 +108,23 @@ class HealthConfig(_Strict):
     failures_to_eject: int = Field(2, ge=1)
 
 
+class AdmissionConfig(_Strict):
+    """Seat parameters of the ``gateway`` stack (policies/admission.py documents each)."""
+
+    admit_water: float | None = Field(None, gt=0, le=1)
+    high_water: float | None = Field(None, gt=0, le=1)
+    quantum_s: float | None = Field(None, gt=0)
+    min_hold_s: float | None = Field(None, ge=0)
+    idle_release_s: float | None = Field(None, gt=0)
+    default_output: int | None = Field(None, ge=1)
+    output_clip: int | None = Field(None, ge=1)
+
+
 class Config(_Strict):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     redis_url: str | None = None
     policy: str = "gateway"
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     teams: dict[str, TeamConfig] = Field(default_factory=dict)
     keys: list[KeyConfig] = Field(default_factory=list)
@@ -122,6 +135,15 @@ class Config(_Strict):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     workers: int = Field(1, ge=1)
     log_level: str = "info"
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        from policies import registry
+
+        if v not in registry.names():
+            raise ValueError(f"unknown policy '{v}'; known: {', '.join(registry.names())}")
+        return v
 
     @model_validator(mode="after")
     def _defaults(self) -> Config:
@@ -146,6 +168,7 @@ class EnvSettings(BaseSettings):
     workers: int | None = None
     log_level: str | None = None
     policy: str | None = None
+    admin_token: str | None = None
 
 
 def hash_key(key: str) -> str:

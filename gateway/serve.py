@@ -16,6 +16,7 @@ log = logging.getLogger("cachegate")
 
 def run(config: Config) -> None:
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request is noise
     if config.workers > 1 and not config.redis_url:
         sys.exit("cachegate: --workers N > 1 needs Redis (--redis-url or CACHEGATE_REDIS_URL), so that the "
                  "workers share team limits and backend reservations; run one worker, or set a Redis URL.")

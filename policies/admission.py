@@ -9,9 +9,12 @@ A conversation admitted to a backend (a DP rank of it) holds a **seat** there. T
 the conversation's KV: ``need = prompt_tokens + min(max_output_tokens or default_output, output_clip)``,
 kept through the think pause between turns, so the conversation's next turn goes straight through
 and finds its prefix still cached. A backend (rank) with capacity ``C`` (``max_total_num_tokens``)
-grants a new seat only while ``Σ seats + need ≤ high_water · C``; a seated conversation may grow past
-it (its context is already resident). So the running conversations' working set never outgrows the
-engine's cache, and the excess waits at the gateway instead of thrashing the engine.
+grants a new seat only while ``Σ seats + need ≤ admit_water · C``. Seated conversations grow turn
+by turn into the gap up to ``high_water · C``; a turn that would pass it first releases idle seats
+there (held at least ``min_hold_s``), and waits if none may go. The gap between the two marks is
+what lets conversations grow without a swap on every turn: most seats end with their conversation.
+So the running conversations' working set never outgrows the engine's cache, and the excess waits
+at the gateway instead of thrashing the engine.
 
 A seat is given up when
 - its conversation has been idle ``idle_release_s`` (it ended, or its user went away);
@@ -30,7 +33,7 @@ arrival. A new-seat request that does not fit blocks new seats behind it for tha
 backfill, so large conversations are not starved by small ones). Team caps (``max_concurrency``)
 skip a team without blocking others.
 
-Parameters and defaults: ``high_water`` 0.9, ``quantum_s`` 120, ``min_hold_s`` 20,
+Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 600, ``min_hold_s`` 20,
 ``idle_release_s`` 30, ``default_output`` 1024, ``output_clip`` 4096 (SGLang's own clip),
 ``input_weight`` 1 and ``output_weight`` 1 (tokens charged to a team's counter per token served).
 Figures behind these choices: docs/benchmarks.md.
@@ -54,7 +57,7 @@ Slot = tuple[str, int | None]
 class SeatParams:
     high_water: float = 0.95
     admit_water: float = 0.85
-    quantum_s: float = 120.0
+    quantum_s: float = 600.0
     min_hold_s: float = 20.0
     idle_release_s: float = 30.0
     default_output: int = 1024
@@ -127,6 +130,22 @@ class SeatedAdmission:
         self._seq = itertools.count()
 
     # ----- configuration -------------------------------------------------------------------------
+
+    def configure(self, config: Mapping[str, object]) -> None:
+        """Take team limits and seat parameters from a config mapping (interfaces §6 shape):
+        ``teams: {name: {max_concurrency, ...}}`` (the ``default`` entry applies to teams not listed)
+        and ``admission: {high_water, admit_water, quantum_s, ...}``."""
+        teams = config.get("teams") or {}
+        assert isinstance(teams, Mapping)
+        for name, fields in teams.items():
+            limits = TeamLimits(**{k: v for k, v in dict(fields or {}).items() if v is not None})
+            if name == "default":
+                self.default_team = limits
+            self.set_team(str(name), limits)
+        params = config.get("admission")
+        if params:
+            assert isinstance(params, Mapping)
+            self.params = SeatParams(**dict(params))
 
     def set_team(self, name: str, limits: TeamLimits, now: float = 0.0) -> None:
         """Change a team's limits at run time (the admin API)."""
@@ -390,8 +409,14 @@ class SeatedAdmission:
         if seat.anchor is not None and self.anchors.get(seat.anchor) == seat.key:
             del self.anchors[seat.anchor]
 
+    def _band(self, w: Waiter) -> int:
+        return self.teams[w.req.team].limits.priority + w.req.priority
+
+    def _rank(self, w: Waiter) -> tuple[int, float, float, int]:
+        return (-self._band(w), self.teams[w.req.team].vtc, w.arrived, w.seq)
+
     def _order(self, waiters: list[Waiter]) -> list[Waiter]:
-        return sorted(waiters, key=lambda w: (-w.req.priority, self.teams[w.req.team].vtc, w.arrived, w.seq))
+        return sorted(waiters, key=self._rank)
 
     def _schedule(self, now: float) -> list[Decision]:
         decisions: list[Decision] = []
@@ -418,7 +443,7 @@ class SeatedAdmission:
                           and self.teams[w.req.team].inflight < self.teams[w.req.team].limits.max_concurrency]
             if not candidates:
                 break
-            w = min(candidates, key=lambda w: (-w.req.priority, self.teams[w.req.team].vtc, w.arrived, w.seq))
+            w = min(candidates, key=self._rank)
             place = self._place(w, now)
             if place is None and self._make_room(w, now):
                 place = self._place(w, now)
@@ -449,7 +474,7 @@ class SeatedAdmission:
                     continue
                 held = now - seat.since
                 owner = self.teams[seat.team]
-                favoured = extra is not None or owner.vtc > team.vtc or w.req.priority > owner.limits.priority
+                favoured = extra is not None or owner.vtc > team.vtc or self._band(w) > owner.limits.priority
                 if held >= p.quantum_s or (favoured and held >= p.min_hold_s):
                     victims.append(seat)
             victims.sort(key=lambda s: (-self.teams[s.team].vtc, s.since))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from policies.admission import SeatedAdmission
 from policies.core import DecisionCore, PassThroughCore
 from policies.routers import LeastLoad, MinTTFT, SglangCacheAware
 from policies.routing import RoundRobin, Router
@@ -19,22 +20,32 @@ ROUTERS: dict[str, Callable[[], Router]] = {
 """Routing halves by name (``--routing NAME`` overrides a stack's router)."""
 
 
-def _pass_through(default_router: str, label: str) -> Callable[..., DecisionCore]:
-    """A stack with no admission: ``PassThroughCore`` over ``router`` (default: ``default_router``)."""
+ADMISSIONS: dict[str, Callable[[Router, str], DecisionCore]] = {
+    "none": lambda router, label: PassThroughCore(router, label),
+    "seats": lambda router, label: SeatedAdmission(router, name=label),
+}
+"""Admission halves by name (``--admission NAME`` overrides a stack's admission)."""
 
-    def make(router: Router | None = None) -> DecisionCore:
-        return PassThroughCore(router if router is not None else ROUTERS[default_router](), label)
+
+def _stack(default_router: str, label: str, default_admission: str = "none") -> Callable[..., DecisionCore]:
+    """A stack: ``default_admission`` over ``default_router``, either replaceable by name."""
+
+    def make(router: Router | None = None, admission: str | None = None) -> DecisionCore:
+        chosen = router if router is not None else ROUTERS[default_router]()
+        return ADMISSIONS[admission or default_admission](chosen, label)
 
     return make
 
 
+
+
 STACKS: dict[str, Callable[..., DecisionCore]] = {
-    "direct": _pass_through("direct", "direct"),
-    "round-robin": _pass_through("round-robin", "round-robin"),
-    "least-load": _pass_through("least-load", "least-load"),
-    "sglang-cache-aware": _pass_through("sglang-cache-aware", "sglang-cache-aware"),
-    # The product stack: min-TTFT routing; admission (issue 5) replaces the pass-through core.
-    "gateway": _pass_through("min-ttft", "gateway"),
+    "direct": _stack("direct", "direct"),
+    "round-robin": _stack("round-robin", "round-robin"),
+    "least-load": _stack("least-load", "least-load"),
+    "sglang-cache-aware": _stack("sglang-cache-aware", "sglang-cache-aware"),
+    # The product stack: seats (policies/admission.py) over min-TTFT routing.
+    "gateway": _stack("min-ttft", "gateway", "seats"),
 }
 """Stack factories; each takes an optional ``router`` instance replacing its default router."""
 
@@ -47,13 +58,19 @@ def router(name: str) -> Router:
         raise ValueError(f"unknown routing '{name}'; known: {', '.join(sorted(ROUTERS))}") from None
 
 
-def build(name: str, routing: str | None = None) -> DecisionCore:
-    """A fresh decision core for the stack ``name``, its router replaced by ``routing`` if given."""
+def build(name: str, routing: str | None = None, admission: str | None = None) -> DecisionCore:
+    """A fresh decision core for the stack ``name``; ``routing`` / ``admission`` replace its halves."""
     try:
         factory = STACKS[name]
     except KeyError:
         raise ValueError(f"unknown policy '{name}'; known: {', '.join(sorted(STACKS))}") from None
-    return factory() if routing is None else factory(router=router(routing))
+    if admission is not None and admission not in ADMISSIONS:
+        raise ValueError(f"unknown admission '{admission}'; known: {', '.join(sorted(ADMISSIONS))}")
+    return factory(router=None if routing is None else router(routing), admission=admission)
+
+
+def admission_names() -> list[str]:
+    return sorted(ADMISSIONS)
 
 
 def routing_names() -> list[str]:

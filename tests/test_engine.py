@@ -327,3 +327,42 @@ def test_lpm_prefers_longest_cached_prefix() -> None:
     e.submit(EngineRequest("hot", [*shared, *blocks(10)], 2, 2), 1.0)
     firsts = [x.rid for x in run(e) if x.kind == "first_token"]
     assert firsts.index("hot") < firsts.index("cold")
+
+
+def test_key_reused_with_another_size_is_a_miss_not_a_stall() -> None:
+    """Hypothesis regression: r7 cached 5 blocks of 256 under keys that r8 then sent as 5 blocks of 100.
+
+    Matching by key alone locked r7's 1280 tokens while r8 counted a 500-token prefix, so r8 needed
+    1724 tokens of a 1500-token pool, was refused even into an empty batch, and the engine went idle with
+    it queued. The mismatched key must be a miss: r8 computes its whole 800-token prompt and finishes.
+    """
+    p = get_profile("tiny").with_(chunked_prefill_size=512, max_prefill_tokens=1024)
+    e = Engine(p, kv_tokens=1500)
+    for i in range(7):
+        e.submit(EngineRequest(f"r{i}", [], 1, 128), 0.0)
+    e.submit(EngineRequest("r7", [(2_000_000 + k, 256) for k in range(5)], 1, 128), 0.0)
+    own = [(10_008_000 + k, 100) for k in range(3)]
+    e.submit(EngineRequest("r8", [*[(2_000_000 + k, 100) for k in range(5)], *own], 1, 128), 0.0)
+    ev = []
+    guard = 0
+    while not e.idle():
+        ev += run(e, e.next_time())  # type: ignore[arg-type]
+        guard += 1
+        assert guard < 1000
+    done = by_kind(ev, "finished")
+    assert sorted(done) == sorted(f"r{i}" for i in range(9))
+    assert {x.finish_reason for x in done.values()} == {"stop"}
+    assert done["r8"].cached_tokens == 0 and done["r8"].prompt_tokens == 800
+    load = e.loads()[0]
+    assert load.num_used_tokens == 0 and load.num_waiting_reqs == 0
+
+
+def test_radix_match_checks_size_and_parent_not_just_the_key() -> None:
+    c = RadixCache()
+    a, _ = c.put(c.root, 1, 10)
+    c.put(a, 2, 10)
+    assert c.match([(1, 10), (2, 10)]) == (2, 0)
+    assert c.match([(1, 10), (2, 7)]) == (1, 0)  # same key, other size
+    assert c.match([(2, 10)]) == (0, 0)  # same key and size, other parent
+    assert c.conflicts(c.root, 2, 10) and c.conflicts(a, 2, 7) and not c.conflicts(a, 2, 10)
+    assert not c.conflicts(c.root, 3, 10)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.sim.engine import Engine, EngineRequest
+from backends.sim.engine import STUCK_MESSAGE, Engine, EngineRequest
 from backends.sim.profiles import get_profile
 
 # A request: (arrival gap, shared prefix id or -1, prefix blocks, own blocks, block size, output, abort after)
@@ -47,6 +47,7 @@ def test_random_sequences_keep_the_pool_consistent(reqs: list[tuple], kv: int, d
         now += gap
         for ev in e.advance(now):
             assert ev.cached_tokens <= prompts[ev.rid]
+            assert ev.message != STUCK_MESSAGE, f"{ev.rid} could never be admitted"
             if ev.kind == "finished":
                 ended[ev.rid] = ended.get(ev.rid, 0) + 1
         e.check_invariants()
@@ -70,6 +71,7 @@ def test_random_sequences_keep_the_pool_consistent(reqs: list[tuple], kv: int, d
         now = t
         for ev in e.complete():
             assert ev.cached_tokens <= prompts[ev.rid]
+            assert ev.message != STUCK_MESSAGE, f"{ev.rid} could never be admitted"
             if ev.kind == "finished":
                 ended[ev.rid] = ended.get(ev.rid, 0) + 1
         e.check_invariants()

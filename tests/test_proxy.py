@@ -21,7 +21,7 @@ KEY = "sk-test-platform"
 
 def write_config(path: Path, *urls: str, **extra: object) -> str:
     config = {"models": {"kimi": {"upstream_model": SERVED, "backends": [{"url": u} for u in urls]}},
-              "health": {"interval_s": 0.2, "load_interval_s": 0.5}, **extra}
+              "health": {"interval_s": 0.2, "load_interval_s": 0.5}, "policy": "direct", **extra}
     path.write_text(yaml.safe_dump(config))
     return str(path)
 

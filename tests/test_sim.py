@@ -170,5 +170,7 @@ def test_run_one_row_fields() -> None:
 def test_unknown_policy_and_overrides() -> None:
     with pytest.raises(ValueError, match="unknown policy"):
         build_core("nope")
-    with pytest.raises(ValueError, match="--admission"):
-        build_core("direct", admission="gateway")
+    with pytest.raises(ValueError, match="unknown admission"):
+        build_core("direct", admission="nope")
+    with pytest.raises(ValueError, match="unknown routing"):
+        build_core("direct", routing="nope")

@@ -34,8 +34,11 @@ def test_simulate_teams_and_trace(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join(json.dumps({"timestamp": 200 * i, "input_length": 900, "output_length": 20,
                                            "hash_ids": [0, i + 1]}) for i in range(200)))
+    config = tmp_path / "teams.yaml"
+    config.write_text("teams:\n  a: {max_concurrency: 4, weight: 1}\n")
     res = runner.invoke(app, ["simulate", "--profile", "tiny", "--workload", f"trace:{trace}", "--minutes", "1",
-                              "--warmup-minutes", "0", "--teams", "a:1,b:1", "--speedup", "2", "--json", str(out)])
+                              "--warmup-minutes", "0", "--teams", "a:1,b:1", "--speedup", "2", "--json", str(out),
+                              "--config", str(config)])
     assert res.exit_code == 0, res.output
     (row,) = json.loads(out.read_text())["runs"]
     assert row["conversations"] is None and set(row["teams"]) == {"a", "b"}
@@ -46,8 +49,10 @@ def test_simulate_teams_and_trace(tmp_path: Path) -> None:
 def test_simulate_errors_are_clear() -> None:
     base = ["simulate", "--profile", "tiny", "--minutes", "1"]
     for extra, msg in ((["--policy", "nope"], "unknown policy"), (["--profile", "nope"], "unknown profile"),
-                       (["--workload", "chat"], "unknown workload"), (["--admission", "x"], "--admission"),
-                       (["--conversations", "a,b"], "comma-separated")):
+                       (["--workload", "chat"], "unknown workload"), (["--admission", "x"], "unknown admission"),
+                       (["--routing", "x"], "unknown routing"),
+                       (["--conversations", "a,b"], "comma-separated"),
+                       (["--config", "/nonexistent.yaml"], "not found")):
         res = runner.invoke(app, base + extra)
         assert res.exit_code == 2, (extra, res.output)
         assert msg in res.output, (extra, res.output)

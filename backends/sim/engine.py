@@ -47,6 +47,7 @@ from backends.sim.tokenizer import Block, chain_key
 
 __all__ = [
     "PROFILES",
+    "STUCK_MESSAGE",
     "UNBOUNDED_TOKENS",
     "Engine",
     "EngineCounters",
@@ -60,6 +61,9 @@ __all__ = [
 
 UNBOUNDED_TOKENS = 10**12
 """``max_total_num_tokens`` of an ``unbounded`` engine: a pool that never evicts."""
+
+STUCK_MESSAGE = "request cannot be admitted even into an empty batch"
+"""Message of the abort that keeps a rank from idling with a request it can never admit."""
 
 
 def default_output_block(prompt: list[Block], rid: str, ntok: int) -> Block:
@@ -436,6 +440,12 @@ class Engine:
         decoding = 0
         for rk in self._ranks:
             items = self._form_prefill(rk)
+            while not items and rk.waiting and not rk.running and rk.chunked is None:
+                # Nothing holds KV on this rank but the head's own prefix, so nothing will ever
+                # free room for it: abort it rather than go idle with it queued. Unreachable
+                # while admission and submit() agree (submit clamps every request to the pool).
+                self._abort_with_event(rk, self._policy_order(rk)[0], now, STUCK_MESSAGE)
+                items = self._form_prefill(rk)
             if items:
                 rk.work = ("prefill", items, self._prefill_time(items))
                 times.append(rk.work[2])
@@ -494,6 +504,12 @@ class Engine:
         g, h = self._match(rk, r)
         return r.ends[g + h - 1] if g + h else 0
 
+    def _policy_order(self, rk: _Rank) -> list[_Req]:
+        """The waiting queue in admission order: FCFS, or LPM (stable) below 129 waiting."""
+        if self.profile.schedule_policy == "lpm" and len(rk.waiting) <= 128:
+            return sorted(rk.waiting, key=lambda q: -self._prefix_tokens(rk, q))
+        return rk.waiting
+
     def _form_prefill(self, rk: _Rank) -> list[tuple[_Req, int, int]]:
         """PrefillAdder: the chunked request first, then the waiting queue in policy order."""
         if not rk.waiting and rk.chunked is None:
@@ -526,9 +542,7 @@ class Engine:
             return items
         if len(rk.running) + len(items) >= p.max_running_requests:
             return items
-        order = rk.waiting
-        if p.schedule_policy == "lpm" and len(order) <= 128:
-            order = sorted(order, key=lambda q: -self._prefix_tokens(rk, q))
+        order = self._policy_order(rk)
         admitted = False
         hit_tokens = 0
         in_tokens = 0
@@ -663,6 +677,8 @@ class Engine:
         start = i
         while i < n and ends[i] <= r.kv:
             key, ntok = blocks[i]
+            if cache.conflicts(node, key, ntok):
+                break  # the key names another prefix (malformed blocks): the rest stays private
             node, _ = cache.put(node, key, ntok)
             rk.private -= ntok  # moved into the tree, or a duplicate freed
             i += 1
@@ -711,10 +727,12 @@ class Engine:
         for key, ntok in final:
             if pos + ntok > kv:
                 break
+            if cache.conflicts(node, key, ntok):
+                break  # the key names another prefix (malformed blocks)
             existing = cache.nodes.get(key)
             if existing is not None and existing.on_gpu:
                 node = existing
-            elif ntok <= budget and (existing is None or existing.parent is node):
+            elif ntok <= budget:
                 node, _ = cache.put(node, key, ntok)
                 budget -= ntok
             else:
@@ -749,6 +767,25 @@ class Engine:
         )
 
     # ---- memory pressure ------------------------------------------------------------------
+    def _abort_with_event(self, rk: _Rank, r: _Req, now: float, message: str) -> None:
+        """Abort a live request on the engine's own decision and report it as finished (abort)."""
+        gen = rk.gen_of(r)
+        self.abort(r.rid, now)
+        self._pending.append(
+            EngineEvent(
+                "finished",
+                r.rid,
+                now,
+                prompt_tokens=r.prompt_len,
+                completion_tokens=gen,
+                cached_tokens=r.cached,
+                finish_reason="abort",
+                retractions=r.retractions,
+                rank=rk.idx,
+                message=message,
+            )
+        )
+
     def _release(self, rk: _Rank, r: _Req) -> None:
         """Free a request's private KV and unlock its path (the computed prefix stays cached)."""
         rk.private -= rk.private_of(r)
@@ -792,21 +829,8 @@ class Engine:
             self._retract(rk, order.pop(0))
         if rk.free + cache.evictable_tokens < len(rk.running):
             last = next(iter(rk.running.values()))
-            gen = rk.gen_of(last)
-            self.abort(last.rid, now)
-            self._pending.append(
-                EngineEvent(
-                    "finished",
-                    last.rid,
-                    now,
-                    prompt_tokens=last.prompt_len,
-                    completion_tokens=gen,
-                    cached_tokens=last.cached,
-                    finish_reason="abort",
-                    retractions=last.retractions,
-                    rank=rk.idx,
-                    message="Out of memory even after retracting all other requests in the decode batch.",
-                )
+            self._abort_with_event(
+                rk, last, now, "Out of memory even after retracting all other requests in the decode batch."
             )
         running = list(rk.running.values())
         decoded = sum(rk.gen_of(q) for q in running)

@@ -51,22 +51,40 @@ class RadixCache:
 
     # ---- lookup ---------------------------------------------------------------------------
     def match(self, blocks: Sequence[Block]) -> tuple[int, int]:
-        """(leading blocks on the GPU, following blocks in the host tier)."""
+        """(leading blocks on the GPU, following blocks in the host tier).
+
+        A block matches only the node of the same key, size and parent: a key that names another
+        prefix (malformed blocks) is a miss, so the matched path holds exactly the caller's tokens.
+        The caller counts its prefix from its own blocks and locks this path; were the two to
+        differ, admission would reserve for the wrong amount (a request could lock more than it
+        counts and never fit).
+        """
         nodes = self.nodes
         n = len(blocks)
+        parent = self.root
         i = 0
         while i < n:
-            node = nodes.get(blocks[i][0])
-            if node is None or not node.on_gpu:
+            key, ntok = blocks[i]
+            node = nodes.get(key)
+            if node is None or not node.on_gpu or node.ntok != ntok or node.parent is not parent:
                 break
+            parent = node
             i += 1
         j = i
         while j < n:
-            node = nodes.get(blocks[j][0])
-            if node is None or node.on_gpu:
+            key, ntok = blocks[j]
+            node = nodes.get(key)
+            if node is None or node.on_gpu or node.ntok != ntok or node.parent is not parent:
                 break
+            parent = node
             j += 1
         return i, j - i
+
+    def conflicts(self, parent: Node, key: int, ntok: int) -> bool:
+        """True if ``key`` is in the tree as another block (other size or parent): ``put`` would
+        return that node, not one for (``parent``, ``key``, ``ntok``)."""
+        node = self.nodes.get(key)
+        return node is not None and (node.ntok != ntok or node.parent is not parent)
 
     def touch_path(self, node: Node) -> None:
         """Mark ``node`` and its ancestors as just used (SGLang updates the matched path)."""

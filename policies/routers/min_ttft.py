@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import random
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from policies.prefix_index import PrefixIndex, cumulative_tokens
 from policies.routers.base import Inflight, Rendezvous, Slot, make_dispatch, slot_label, slot_of, slots_of, stable_hash
@@ -29,48 +29,48 @@ class PrefillModel:
 
 
 class CommonBlocks:
-    """Blocks that many recent requests share (a common system prompt, tools).
+    """Blocks that several conversations share (a system prompt, tool definitions): where requests
+    branch apart.
 
-    A block is common iff it is among the first ``scan_blocks`` blocks of at least
-    ``max(min_count, frac × n)`` of the last ``n ≤ window`` requests. Such blocks say nothing about
-    which conversation a request belongs to, so the router skips them when it looks for a
-    request's match and for its rendezvous key. Defaults: ``window`` 512 requests, ``frac`` 0.25
-    (up to four distinct system prompts are each recognised), ``min_count`` 2, ``scan_blocks`` 256.
+    A block is a *branch point* once two different blocks have been seen right after it (in the
+    first ``scan_blocks`` blocks of dispatched requests). A request's common prefix runs up to and
+    including its deepest branch point; such blocks say nothing about which conversation a request
+    belongs to, so the router skips them when it looks for a match and for the rendezvous key. A
+    conversation's own history is one chain (each block has one successor) and stays distinctive,
+    however few or many conversations run; a system prompt becomes common as soon as a second
+    conversation uses it. Memory: the successor of at most ``max_blocks`` blocks, LRU.
+    Defaults: ``scan_blocks`` 256, ``max_blocks`` 262,144.
     """
 
-    def __init__(self, *, window: int = 512, frac: float = 0.25, min_count: int = 2,
-                 scan_blocks: int = 256) -> None:
-        self.window = window
-        self.frac = frac
-        self.min_count = min_count
+    _BRANCH = -1
+
+    def __init__(self, *, scan_blocks: int = 256, max_blocks: int = 262_144) -> None:
         self.scan_blocks = scan_blocks
-        self._recent: deque[tuple[int, ...]] = deque()
-        self._counts: dict[int, int] = {}
+        self.max_blocks = max_blocks
+        self._next: OrderedDict[int, int] = OrderedDict()
 
     def prefix_blocks(self, fp: Fingerprint) -> int:
-        """How many leading blocks of ``fp`` are common."""
-        threshold = max(self.min_count, self.frac * len(self._recent))
-        counts = self._counts
-        n = 0
-        for key, _ in fp[: self.scan_blocks]:
-            if counts.get(key, 0) < threshold:
-                break
-            n += 1
-        return n
+        """How many leading blocks of ``fp`` are common (1 + the index of its deepest branch point)."""
+        nxt = self._next
+        depth = 0
+        for i, (key, _) in enumerate(fp[: self.scan_blocks]):
+            if nxt.get(key) == self._BRANCH:
+                depth = i + 1
+        return depth
 
     def observe(self, fp: Fingerprint) -> None:
-        keys = tuple(k for k, _ in fp[: self.scan_blocks])
-        counts = self._counts
-        self._recent.append(keys)
-        for k in keys:
-            counts[k] = counts.get(k, 0) + 1
-        if len(self._recent) > self.window:
-            for k in self._recent.popleft():
-                left = counts[k] - 1
-                if left:
-                    counts[k] = left
-                else:
-                    del counts[k]
+        nxt = self._next
+        head = fp[: self.scan_blocks]
+        for (key, _), (succ, _) in pairwise(head):
+            seen = nxt.get(key)
+            if seen is None:
+                nxt[key] = succ
+            else:
+                if seen != succ and seen != self._BRANCH:
+                    nxt[key] = self._BRANCH
+                nxt.move_to_end(key)
+        while len(nxt) > self.max_blocks:
+            nxt.popitem(last=False)
 
 
 class Footprint:
@@ -109,6 +109,14 @@ class Footprint:
             if self._home.get(key) == slot:
                 del self._home[key]
         return self._total[slot]
+
+    def own(self, key: int) -> tuple[Slot, int] | None:
+        """Where conversation ``key`` currently counts, and for how many tokens."""
+        home = self._home.get(key)
+        if home is None:
+            return None
+        entry = self._per_slot[home].get(key)
+        return None if entry is None else (home, entry[1])
 
 
 @dataclass(slots=True)
@@ -290,6 +298,11 @@ class MinTTFT:
         cheapest = min(prefill[i] for i in allowed)
         band = cheapest + max(self.tie_abs_s, self.tie_rel * cheapest)
         load = [self.footprint.tokens(s, now) for s, _ in slots]
+        own = self.footprint.own(key)  # this conversation's previous turn must not count against it
+        if own is not None:
+            for i, (s, _) in enumerate(slots):
+                if s == own[0]:
+                    load[i] -= own[1]
         bound = max(self.load_factor * (sum(load) + prompt) / len(slots), prompt)
         position = {slots[i][0]: i for i in allowed}
         order = [position[s] for s in self._rendezvous.order(key, list(position))]
