@@ -28,8 +28,12 @@ def serve(
     redis_url: str | None = typer.Option(None, "--redis-url", help="Redis URL for shared state."),
     policy: str | None = typer.Option(None, "--policy", help="Policy stack name."),
     log_level: str | None = typer.Option(None, "--log-level", help="debug, info, warning, error."),
+    admin_token: str | None = typer.Option(None, "--admin-token",
+                                           help="Token for /admin/ (else $CACHEGATE_ADMIN_TOKEN; off if none)."),
 ) -> None:
     """Run the gateway."""
+    import os
+
     from gateway.config import load_config
     from gateway.serve import run
 
@@ -39,6 +43,8 @@ def serve(
     except (ValueError, OSError) as exc:
         typer.echo(f"cachegate: invalid configuration: {exc}", err=True)
         raise typer.Exit(code=2) from None
+    if admin_token:
+        os.environ[cfg.admin_token_env] = admin_token  # workers read it from the environment too
     run(cfg)
 
 

@@ -84,6 +84,8 @@ class KeyConfig(_Strict):
 
 class TelemetryConfig(_Strict):
     otlp_endpoint: str | None = None
+    otlp_headers: dict[str, str] = Field(default_factory=dict)
+    """Headers sent with each OTLP export (e.g. a collector token); used with ``otlp_endpoint``."""
     service_name: str = "cachegate"
     sample_ratio: float = Field(1.0, ge=0, le=1)
     record_content: bool = False
@@ -123,6 +125,8 @@ class AdmissionConfig(_Strict):
 class Config(_Strict):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     redis_url: str | None = None
+    lease_ttl_s: float = Field(10.0, gt=0)
+    """A team slot held by a replica that died comes back within this time."""
     policy: str = "gateway"
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     models: dict[str, ModelConfig] = Field(default_factory=dict)

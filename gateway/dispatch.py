@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
+from gateway.state import MemoryState, RedisState
 from policies.core import DecisionCore
 from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts
 
@@ -23,18 +25,25 @@ class Refused(Exception):
 
 class Dispatcher:
     def __init__(self, core: DecisionCore, clock: Callable[[], float] = time.monotonic,
-                 tick_s: float = 0.1) -> None:
+                 tick_s: float = 0.1, state: MemoryState | RedisState | None = None) -> None:
         self.core = core
         self.clock = clock
         self.tick_s = tick_s
+        self.state = state or MemoryState()
         self._waiting: dict[str, asyncio.Future[Decision]] = {}
         self._ticker: asyncio.Task[None] | None = None
         self.on_decision: Callable[[Decision], None] | None = None
+        # Team leases exist only where the core has team limits (the admission stacks).
+        self._leases = hasattr(core, "requeue") and self.state.shared
+        self._teams: dict[str, str] = {}
+        self._pending: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._ticker = asyncio.create_task(self._tick_loop(), name="dispatch-tick")
 
     async def stop(self) -> None:
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
         if self._ticker:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -52,18 +61,49 @@ class Dispatcher:
         future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self._waiting[facts.rid] = future
         self._apply(self.core.arrive(facts, self.clock()))
+        while True:
+            try:
+                decision = await future
+            except asyncio.CancelledError:
+                if self._waiting.pop(facts.rid, None) is not None:
+                    self._apply(self.core.cancel(facts.rid, self.clock()))
+                elif future.done() and not future.cancelled() and isinstance(future.result(), Dispatch):
+                    # Dispatched in the same instant the client left: give the seat back.
+                    self.release(facts.rid, Outcome(ok=False, reached_backend=False))
+                raise
+            if isinstance(decision, Refuse):
+                raise Refused(decision)
+            if not self._leases or await self._lease(facts):
+                return decision
+            # Another replica holds the team's slots: wait again, woken by a release anywhere.
+            future = asyncio.get_running_loop().create_future()
+            self._waiting[facts.rid] = future
+            self._apply(self.core.requeue(facts.rid, self.clock()))  # type: ignore[attr-defined]
+
+    async def _lease(self, facts: RequestFacts) -> bool:
+        limit = self.core.team(facts.team, self.clock()).limits.max_concurrency  # type: ignore[attr-defined]
         try:
-            decision = await future
+            ok = await self.state.acquire(facts.team, facts.rid, limit)
         except asyncio.CancelledError:
-            if self._waiting.pop(facts.rid, None) is not None:
-                self._apply(self.core.cancel(facts.rid, self.clock()))
-            elif future.done() and not future.cancelled() and isinstance(future.result(), Dispatch):
-                # Dispatched in the same instant the client left: give the seat back.
-                self.release(facts.rid, Outcome(ok=False, reached_backend=False))
+            self._spawn(self.state.release(facts.team, facts.rid))
+            self.release(facts.rid, Outcome(ok=False, reached_backend=False))
             raise
-        if isinstance(decision, Refuse):
-            raise Refused(decision)
-        return decision
+        if ok:
+            self._teams[facts.rid] = facts.team
+        return ok
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def wake(self, team: str) -> None:
+        self._apply(self.core.wake(team, self.clock()))  # type: ignore[attr-defined]
+
+    def set_share(self, share: float, split: bool) -> None:
+        set_share = getattr(self.core, "set_share", None)
+        if set_share is not None:
+            self._apply(set_share(share, split, self.clock()))
 
     def retry(self, rid: str, failed_backend: str) -> Dispatch | Refuse:
         decisions = self.core.retry(rid, failed_backend, self.clock())
@@ -79,6 +119,9 @@ class Dispatcher:
         self._apply(self.core.first_token(rid, self.clock()))
 
     def release(self, rid: str, outcome: Outcome) -> None:
+        team = self._teams.pop(rid, None)
+        if team is not None:
+            self._spawn(self.state.release(team, rid))
         self._apply(self.core.finish(rid, outcome, self.clock()))
 
     def _apply(self, decisions: Iterable[Decision]) -> None:

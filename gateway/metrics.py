@@ -2,11 +2,36 @@
 
 Labels stay low-cardinality: team, model, backend, status, reason, kind. Never keys, IPs or
 user agents.
+
+Exposition (``/metrics``): OpenMetrics when the scraper's ``Accept`` asks for it (Prometheus does,
+and only OpenMetrics carries exemplars), the classic text format otherwise. The latency histograms
+(TTFT, inter-token, end-to-end, queue wait) carry an exemplar ``{trace_id=...}`` from sampled
+requests, so a dashboard point leads to its trace.
+
+Several workers (``cachegate serve --workers N``): ``gateway.serve`` points
+``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before the workers start; each worker then writes
+its samples to memory-mapped files there and ``/metrics`` (whichever worker answers) merges all
+of them with ``MultiProcessCollector``, so counters are totals over workers (dead ones included).
+Gauges say how to merge: per-team in-flight and queued are summed over live workers, backend state
+is the most recent value any live worker polled, Redis degraded is the max. **Multiprocess mode
+has no exemplars** (prometheus-client does not store them across processes): run one worker per
+container and scale with replicas when you want exemplars.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from prometheus_client.exposition import choose_encoder
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 4, 8)
@@ -14,8 +39,59 @@ E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 60, 120, 300, 600, 1200, 240
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 60, 120, 300)
 
 
+def multiprocess_dir() -> str | None:
+    """The multiprocess directory when this process runs in multiprocess mode."""
+    return os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower()) or None
+
+
+def prepare_multiprocess_dir() -> str:
+    """Call in the parent before starting workers: a fresh multiprocess directory (removed at exit),
+    or the one ``PROMETHEUS_MULTIPROC_DIR`` names, emptied of a previous run's files."""
+    given = multiprocess_dir()
+    if given:
+        Path(given).mkdir(parents=True, exist_ok=True)
+        for stale in Path(given).glob("*.db"):
+            stale.unlink(missing_ok=True)
+        return given
+    path = tempfile.mkdtemp(prefix="cachegate-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+_LIVE_FILE = re.compile(r"^gauge_live\w+?_(\d+)\.db$")
+
+
+def reap_dead_workers(path: str) -> list[int]:
+    """Drop the live-gauge files of worker processes that no longer exist (a crashed worker never
+    cleans up after itself; its counters stay, as totals must). Returns the pids reaped."""
+    dead: set[int] = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(path):
+            match = _LIVE_FILE.match(name)
+            if match and not _alive(int(match.group(1))):
+                dead.add(int(match.group(1)))
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, path)
+    return sorted(dead)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Metrics:
+    """One worker's metrics. In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set before the first
+    metric is made) the samples live in that directory's files and :meth:`exposition` merges them."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir()
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter("cachegate_requests", "Requests answered, by status code.",
@@ -30,9 +106,9 @@ class Metrics:
         self.queue_wait = Histogram("cachegate_queue_wait_seconds", "Time spent waiting in admission.",
                                     ["team", "model"], buckets=WAIT_BUCKETS, registry=r)
         self.inflight = Gauge("cachegate_inflight_requests", "Requests dispatched and not finished.",
-                              ["team"], registry=r)
+                              ["team"], registry=r, multiprocess_mode="livesum")
         self.queued = Gauge("cachegate_queued_requests", "Requests waiting in admission.", ["team"],
-                            registry=r)
+                            registry=r, multiprocess_mode="livesum")
         self.tokens = Counter("cachegate_tokens", "Tokens by kind (input includes cached).",
                               ["team", "model", "kind"], registry=r)
         self.refusals = Counter("cachegate_admission_refusals", "Requests refused by admission.",
@@ -42,18 +118,38 @@ class Metrics:
         self.upstream_errors = Counter("cachegate_upstream_errors", "Failures talking to a backend.",
                                        ["backend", "kind"], registry=r)
         self.backend_healthy = Gauge("cachegate_backend_healthy", "1 when the backend is in rotation.",
-                                     ["backend"], registry=r)
+                                     ["backend"], registry=r,
+                                     multiprocess_mode="livemostrecent")
         self.backend_breaker = Gauge("cachegate_backend_breaker_state",
                                      "Circuit breaker: 0 closed, 1 half-open, 2 open.", ["backend"],
-                                     registry=r)
+                                     registry=r, multiprocess_mode="livemostrecent")
         self.backend_kv = Gauge("cachegate_backend_kv_usage", "KV token usage as last polled (0-1).",
-                                ["backend"], registry=r)
+                                ["backend"], registry=r,
+                                     multiprocess_mode="livemostrecent")
         self.backend_running = Gauge("cachegate_backend_running", "Running requests as last polled.",
-                                     ["backend"], registry=r)
+                                     ["backend"], registry=r,
+                                     multiprocess_mode="livemostrecent")
         self.backend_waiting = Gauge("cachegate_backend_waiting", "Waiting requests as last polled.",
-                                     ["backend"], registry=r)
+                                     ["backend"], registry=r,
+                                     multiprocess_mode="livemostrecent")
         self.backend_hit = Gauge("cachegate_backend_cache_hit_rate", "Prefix cache hit rate as last polled.",
-                                 ["backend"], registry=r)
+                                 ["backend"], registry=r,
+                                     multiprocess_mode="livemostrecent")
         self.redis_degraded = Gauge("cachegate_redis_degraded",
                                     "1 when Redis is unreachable and limits are split per replica.",
-                                    registry=r)
+                                    registry=r, multiprocess_mode="livemax")
+
+    def exposition(self, accept: str = "") -> tuple[bytes, str]:
+        """The ``/metrics`` body and its content type, in the format ``accept`` asks for."""
+        encoder, content_type = choose_encoder(accept)
+        if self.multiprocess_dir is None:
+            return encoder(self.registry), content_type
+        reap_dead_workers(self.multiprocess_dir)
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, self.multiprocess_dir)
+        return encoder(merged), content_type
+
+    def close(self) -> None:
+        """A worker shutting down: its live gauges stop counting (its counters stay)."""
+        if self.multiprocess_dir is not None:
+            multiprocess.mark_process_dead(os.getpid(), self.multiprocess_dir)

@@ -10,6 +10,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import Config
+from gateway.metrics import prepare_multiprocess_dir
 
 log = logging.getLogger("cachegate")
 
@@ -27,6 +28,8 @@ def run(config: Config) -> None:
                   timeout_graceful_shutdown=10)
     if config.workers > 1:
         os.environ["CACHEGATE_CONFIG_JSON"] = config.model_dump_json()
+        # Before any worker exists: each spawned worker reads it on importing prometheus_client.
+        prepare_multiprocess_dir()
         uvicorn.run("gateway.app:app_from_env", factory=True, workers=config.workers, **common)  # type: ignore[arg-type]
     else:
         uvicorn.run(create_app(config), **common)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from backends.sim.profiles import PROFILES
 from policies import registry
 
 
@@ -42,8 +43,7 @@ def _sim_one(cfg):  # type: ignore[no-untyped-def]  # a top-level function, so a
 
 
 def simulate(
-    profile: str = typer.Option(..., help="Engine profile (b300-tp8-bf16, b300-tp8-fp8, b300-tp8-fp8-hicache, "
-                                          "b300-dp8-fp8, gb10x16-tp4pp4-fp8, gb10x16-tp16-fp8, tiny)."),
+    profile: str = typer.Option(..., help=f"Engine profile ({', '.join(PROFILES)})."),
     unbounded: bool = typer.Option(False, help="Infinite KV: the ceiling a perfect cache would reach."),
     kv_tokens: int | None = typer.Option(None, help="Override the profile's KV capacity (tokens per rank)."),
     backends: int = typer.Option(1, min=1, help="Number of servers."),
@@ -60,8 +60,8 @@ def simulate(
     seed: int = typer.Option(1, help="Workload seed."),
     json_path: Path | None = typer.Option(None, "--json", help="Write {\"runs\": [...]} here."),
     speedup: float = typer.Option(1.0, help="trace: divide arrival times by this."),
-    config: Path | None = typer.Option(None, help="Team limits (interfaces §6 YAML). Applied when the "
-                                                  "policy has admission control; otherwise ignored."),
+    config: Path | None = typer.Option(None, help="Team limits (interfaces §6 YAML), passed to the "
+                                                  "core's configure(); stacks without admission ignore it."),
     scale: float = typer.Option(1.0, help="Multiply every workload token count."),
     think_scale: float = typer.Option(1.0, help="Multiply think times."),
     report: Path | None = typer.Option(None, help="Also write a report folder (plots, index.html)."),
@@ -166,12 +166,13 @@ def demo(
     conversations: str = typer.Option("4,8,16", help="Concurrency sweep."),
     duration: float = typer.Option(20.0, help="Seconds per level and system."),
     backends: int = typer.Option(4, min=1, help="Simulated backends (tiny profile)."),
+    think_scale: float = typer.Option(0.25, help="Multiply the agents' 2-8 s think times."),
 ) -> None:
     """Start simulated backends and the gateway, run a short sweep, write a report."""
     from loadtest.demo import DemoConfig, run_demo
 
     try:
         run_demo(DemoConfig(report=report, levels=_levels(conversations), duration_s=duration,
-                            backends=backends))
+                            backends=backends, think_scale=think_scale))
     except (RuntimeError, OSError) as exc:
         raise _fail(str(exc)) from None

@@ -37,6 +37,7 @@ class DemoConfig:
     duration_s: float = 20.0
     backends: int = 4
     time_scale: float = 1.0
+    think_scale: float = THINK_SCALE
     seed: int = 1
     startup_timeout_s: float = 30.0
     show_progress: bool = True
@@ -139,7 +140,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
         urls, gateway = start_stack(cfg, procs)
         console.print(f"ready in {time.monotonic() - t0:.1f} s: gateway {gateway}, backends {', '.join(urls)}")
         base = dict(model=MODEL, workload="coding-agent", duration_s=cfg.duration_s, seed=cfg.seed,
-                    scale=SCALE, think_scale=THINK_SCALE * cfg.time_scale)
+                    scale=SCALE, think_scale=cfg.think_scale * cfg.time_scale)
         for system, targets in (("gateway", [gateway]), ("direct", urls)):
             live = LiveConfig(base_urls=targets, system=system, **base)  # type: ignore[arg-type]
             done = asyncio.run(sweep(live, cfg.levels, show_progress=cfg.show_progress,

@@ -42,6 +42,7 @@ Figures behind these choices: docs/benchmarks.md.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -128,6 +129,8 @@ class SeatedAdmission:
         self.waiting: dict[str, Waiter] = {}
         self.running: dict[str, Running] = {}
         self._seq = itertools.count()
+        self.share = 1.0
+        self.split_concurrency = False
 
     # ----- configuration -------------------------------------------------------------------------
 
@@ -153,6 +156,33 @@ class SeatedAdmission:
         if name in self.teams:
             self.teams[name].limits = limits
 
+    def set_share(self, share: float, split_concurrency: bool, now: float) -> list[Decision]:
+        """This replica's share of every limit when several replicas share the backends (interfaces §5).
+
+        ``share`` (1 / live replicas) scales each backend's seat budget, each team's queue bound and
+        token rate; ``split_concurrency`` also scales team concurrency (when Redis leases cannot
+        enforce it globally, i.e. Redis is unreachable).
+        """
+        self.share = max(1e-6, min(1.0, share))
+        self.split_concurrency = split_concurrency
+        return self._schedule(now)
+
+    def wake(self, team: str, now: float) -> list[Decision]:
+        """A lease of ``team`` was released somewhere: its requeued requests may try again."""
+        state = self.teams.get(team)
+        if state is not None:
+            state.blocked_until = 0.0
+        return self._schedule(now)
+
+    def _cap(self, team: TeamState) -> int:
+        limit = team.limits.max_concurrency
+        if not self.split_concurrency or limit <= 0 or self.share >= 1.0:
+            return limit
+        return max(1, math.ceil(limit * self.share))
+
+    def _may_dispatch(self, team: TeamState, now: float) -> bool:
+        return team.inflight < self._cap(team) and team.blocked_until <= now
+
     def team(self, name: str, now: float) -> TeamState:
         state = self.teams.get(name)
         if state is None:
@@ -175,12 +205,13 @@ class SeatedAdmission:
         team = self.team(req.team, now)
         if not self._healthy(req.model, req.exclude):
             return [Refuse(req.rid, "no_healthy_backend", f"no healthy backend for model '{req.model}'", 5.0, 503)]
-        if team.waiting >= team.limits.max_queue:
+        queue_cap = team.limits.max_queue if self.share >= 1.0 else math.ceil(team.limits.max_queue * self.share)
+        if team.waiting >= queue_cap:
             return [Refuse(req.rid, "team_queue_full",
-                           f"team '{req.team}' has {team.waiting} requests waiting (limit {team.limits.max_queue})",
+                           f"team '{req.team}' has {team.waiting} requests waiting (limit {queue_cap})",
                            team.retry_after(team.waiting))]
         need = self._need(req)
-        wait = team.take_tokens(need, now)
+        wait = team.take_tokens(need, now, self.share)
         if wait > 0:
             return [Refuse(req.rid, "team_token_rate",
                            f"team '{req.team}' is over its {team.limits.tokens_per_minute} tokens per minute",
@@ -241,6 +272,7 @@ class SeatedAdmission:
         self.router.finished(rid, run.slot[0], Outcome(ok=False, reached_backend=False), now)
         self.waiting[rid] = run.waiter
         team.waiting += 1
+        team.blocked_until = now + 1.0  # until a release anywhere wakes the team, or a second passes
         return []
 
     def retry(self, rid: str, failed_backend: str, now: float) -> list[Decision]:
@@ -344,7 +376,7 @@ class SeatedAdmission:
 
     def _budget(self, capacity: int, growth: bool = False) -> float:
         water = self.params.high_water if growth else self.params.admit_water
-        return water * capacity if capacity else float("inf")
+        return water * capacity * self.share if capacity else float("inf")
 
     def _fits(self, need: int, slot: Slot, capacity: int) -> bool:
         budget = self._budget(capacity)
@@ -426,7 +458,7 @@ class SeatedAdmission:
             team = self.teams[w.req.team]
             if seat is None or seat.model != w.req.model or seat.slot[0] in w.req.exclude:
                 continue
-            if team.inflight >= team.limits.max_concurrency:
+            if not self._may_dispatch(team, now):
                 continue
             grow = w.need - seat.tokens
             cap = self._capacity(seat.slot)
@@ -440,7 +472,7 @@ class SeatedAdmission:
         while True:
             candidates = [w for w in self.waiting.values()
                           if w.req.model not in blocked
-                          and self.teams[w.req.team].inflight < self.teams[w.req.team].limits.max_concurrency]
+                          and self._may_dispatch(self.teams[w.req.team], now)]
             if not candidates:
                 break
             w = min(candidates, key=self._rank)

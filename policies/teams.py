@@ -51,6 +51,8 @@ class TeamState:
         self.refilled_at = now
         self.last_dispatch: float | None = None
         self.dispatch_interval = 5.0
+        self.blocked_until = 0.0
+        """A dispatch was refused its lease (another replica holds the team's slots): hold off until then."""
 
     @property
     def active(self) -> bool:
@@ -68,11 +70,12 @@ class TeamState:
         """Seconds until a request at ``position`` in the team's queue would likely be dispatched."""
         return min(300.0, max(1.0, (position + 1) * self.dispatch_interval))
 
-    def take_tokens(self, tokens: int, now: float) -> float:
-        """Take ``tokens`` from the bucket; 0.0 if granted, else the seconds until they would be."""
-        rate = self.limits.tokens_per_minute
-        if not rate:
+    def take_tokens(self, tokens: int, now: float, share: float = 1.0) -> float:
+        """Take ``tokens`` from the bucket (``share`` of the team's rate: this replica's part);
+        0.0 if granted, else the seconds until they would be."""
+        if not self.limits.tokens_per_minute:
             return 0.0
+        rate = self.limits.tokens_per_minute * share
         self.bucket = min(float(rate), self.bucket + (now - self.refilled_at) * rate / 60.0)
         self.refilled_at = now
         if tokens <= self.bucket or (self.bucket >= rate and tokens > rate):

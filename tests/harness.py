@@ -36,15 +36,22 @@ def wait_http(url: str, timeout: float = 20.0, ok: tuple[int, ...] = (200,), pro
     raise TimeoutError(f"{url} not ready after {timeout}s ({last})")
 
 
+class Running(str):
+    """A base URL that also knows the process serving it."""
+
+    pid: int
+
+
 @contextlib.contextmanager
 def run_gateway(*args: str, env: dict[str, str] | None = None, ready_path: str = "/readyz",
-                port: int | None = None) -> Iterator[str]:
+                port: int | None = None) -> Iterator[Running]:
     """Run ``cachegate serve ARGS`` and yield its base URL; always stop it."""
     port = port or free_port()
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen([*CACHEGATE, "serve", "--port", str(port), *args], cwd=ROOT, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    base = Running(f"http://127.0.0.1:{port}")
+    base.pid = proc.pid
     try:
         wait_http(base + ready_path, proc=proc)
         yield base

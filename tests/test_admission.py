@@ -214,7 +214,26 @@ def test_requeue_puts_request_back() -> None:
     d = dispatched(c.arrive(r, 0.0))[0]
     assert c.requeue(d.rid, 0.1) == []
     assert r.rid in c.waiting and c.teams["t"].inflight == 0
-    assert [x.rid for x in dispatched(c.tick(0.2))] == [r.rid]
+    assert not dispatched(c.tick(0.2))  # held off: another replica holds the team's slots
+    assert [x.rid for x in dispatched(c.wake("t", 0.3))] == [r.rid]  # a release anywhere wakes it
+    d2 = dispatched(c.arrive(req(), 0.4))[0]
+    c.requeue(d2.rid, 0.5)
+    assert [x.rid for x in dispatched(c.tick(1.6))] == [d2.rid]  # or a second passes
+
+
+def test_replica_share_splits_limits() -> None:
+    c = core(kv=10_000, teams={"t": TeamLimits(max_concurrency=4, max_queue=4)})
+    c.set_share(0.5, split_concurrency=True, now=0.0)
+    got = [dispatched(c.arrive(req(tokens=400), 0.0)) for _ in range(5)]
+    assert [len(g) for g in got] == [1, 1, 0, 0, 0]  # concurrency 4 / 2 replicas
+    refused = c.arrive(req(tokens=400), 0.0)
+    assert isinstance(refused[0], Refuse) and refused[0].code == "team_queue_full"  # queue 4 / 2
+    c.set_share(0.5, split_concurrency=False, now=0.1)  # Redis back: leases enforce concurrency
+    assert c.teams["t"].inflight == 4
+    big = core(kv=10_000)
+    big.set_share(0.5, split_concurrency=False, now=0.0)
+    assert dispatched(big.arrive(req(tokens=4_000, out=900), 0.0))
+    assert not dispatched(big.arrive(req(tokens=1_000, out=100), 0.0))  # half of 10k budget is used
 
 
 events = st.lists(st.tuples(st.sampled_from(["arrive", "finish", "cancel", "tick", "requeue", "retry", "health"]),

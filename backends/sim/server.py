@@ -142,6 +142,8 @@ class Twin:
         self.reasoning = reasoning
         self.startup_delay_s = startup_delay_s
         self.live: dict[str, _Live] = {}
+        self.max_live = 0
+        """Most requests in the twin at once (tests count concurrency at the backend with it)."""
         self.traceparents: OrderedDict[str, dict[str, str | None]] = OrderedDict()
         self.last_trace: dict[str, str | None] = {"rid": None, "traceparent": None, "tracestate": None}
         self.ready = False
@@ -287,6 +289,7 @@ class Twin:
             done=self._loop.create_future(),
         )
         self.live[rid] = live
+        self.max_live = max(self.max_live, len(self.live))
         self.engine.submit(req, now)
         self._poke()
         return live

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -29,37 +29,49 @@ class PrefillModel:
 
 
 class CommonBlocks:
-    """Blocks that several conversations share (a system prompt, tool definitions): where requests
-    branch apart.
+    """Blocks that many conversations share (a system prompt, tool definitions).
 
-    A block is a *branch point* once two different blocks have been seen right after it (in the
-    first ``scan_blocks`` blocks of dispatched requests). A request's common prefix runs up to and
-    including its deepest branch point; such blocks say nothing about which conversation a request
-    belongs to, so the router skips them when it looks for a match and for the rendezvous key. A
-    conversation's own history is one chain (each block has one successor) and stays distinctive,
-    however few or many conversations run; a system prompt becomes common as soon as a second
-    conversation uses it. Memory: the successor of at most ``max_blocks`` blocks, LRU.
-    Defaults: ``scan_blocks`` 256, ``max_blocks`` 262,144.
+    A block is common iff it is a *branch point* (two different blocks have been seen right after
+    it, in the first ``scan_blocks`` blocks of dispatched requests) and it is among the first
+    ``scan_blocks`` blocks of at least ``frac`` of the last ``window`` requests. A request's common
+    prefix runs up to and including its deepest common block. Such a prefix says nothing about
+    which conversation a request belongs to, so the router skips it when it looks for a match and
+    for the rendezvous key. A conversation's own history is one chain (each block has one
+    successor), so it stays distinctive however few conversations run; a prefix that only some
+    requests share (a popular document) stays distinctive too, and pulls its requests to where it
+    is cached; a system prompt becomes common as soon as a second conversation uses it.
+    Memory: the successor of at most ``max_blocks`` blocks (LRU) and the window's counts.
+    Defaults: ``scan_blocks`` 256, ``frac`` 0.25 (up to four system prompts), ``window`` 512,
+    ``max_blocks`` 262,144.
     """
 
     _BRANCH = -1
 
-    def __init__(self, *, scan_blocks: int = 256, max_blocks: int = 262_144) -> None:
+    def __init__(self, *, scan_blocks: int = 256, frac: float = 0.25, window: int = 512,
+                 max_blocks: int = 262_144) -> None:
         self.scan_blocks = scan_blocks
+        self.frac = frac
+        self.window = window
         self.max_blocks = max_blocks
         self._next: OrderedDict[int, int] = OrderedDict()
+        self._recent: deque[tuple[int, ...]] = deque()
+        self._counts: dict[int, int] = {}
 
     def prefix_blocks(self, fp: Fingerprint) -> int:
-        """How many leading blocks of ``fp`` are common (1 + the index of its deepest branch point)."""
-        nxt = self._next
+        """How many leading blocks of ``fp`` are common (1 + the index of its deepest common block)."""
+        nxt, counts = self._next, self._counts
+        threshold = self.frac * len(self._recent)
         depth = 0
         for i, (key, _) in enumerate(fp[: self.scan_blocks]):
+            c = counts.get(key, 0)
+            if c == 0 or c < threshold:
+                break
             if nxt.get(key) == self._BRANCH:
                 depth = i + 1
         return depth
 
     def observe(self, fp: Fingerprint) -> None:
-        nxt = self._next
+        nxt, counts = self._next, self._counts
         head = fp[: self.scan_blocks]
         for (key, _), (succ, _) in pairwise(head):
             seen = nxt.get(key)
@@ -71,14 +83,25 @@ class CommonBlocks:
                 nxt.move_to_end(key)
         while len(nxt) > self.max_blocks:
             nxt.popitem(last=False)
+        keys = tuple(k for k, _ in head)
+        self._recent.append(keys)
+        for k in keys:
+            counts[k] = counts.get(k, 0) + 1
+        if len(self._recent) > self.window:
+            for k in self._recent.popleft():
+                left = counts[k] - 1
+                if left:
+                    counts[k] = left
+                else:
+                    del counts[k]
 
 
 class Footprint:
     """Each slot's recent working set: the latest prompt tokens of every conversation that sent a
-    request there within the last ``active_s`` seconds (default 120). A conversation is known by
+    request there within the last ``active_s`` seconds (default 600). A conversation is known by
     its key (its first distinguishing block); when it moves, it leaves its old slot's set."""
 
-    def __init__(self, active_s: float = 120.0) -> None:
+    def __init__(self, active_s: float = 600.0) -> None:
         self.active_s = active_s
         self._per_slot: dict[Slot, OrderedDict[int, tuple[float, int]]] = {}
         self._total: dict[Slot, int] = {}
@@ -160,25 +183,33 @@ class MinTTFT:
     plus any surplus the backend reports, split over ranks) and ``m = (Σ n + 1) / S``, s is allowed
     iff ``n_s + 1 ≤ max(gate_ratio × m, m + gate_slack)``; if none is, all are.
 
-    Choice: blocks every recent request shares (``CommonBlocks``) are not evidence of a
-    conversation. If some slot holds more than those common tokens (a *warm* request), the near
+    Choice: a prefix shared by several conversations (up to the request's deepest branch point,
+    ``CommonBlocks``: a system prompt, tools) is not evidence of a conversation. If some slot
+    holds more than those common tokens (a *warm* request), the near
     ties are the allowed slots within ``max(tie_abs_s, tie_rel × best)`` of the best ``ttft_s``;
     among them keep those holding the longest match (a tie must not cost the cache the next turn
     needs) and pick one at random (seeded): reason ``prefix`` when the pick holds the longest match
-    of all candidates, else ``least_wait``. If
-    no slot does (a *cold* request: a new conversation), order the allowed slots by rendezvous
+    of all candidates, else ``least_wait``. If no slot does (a *cold* request: a new
+    conversation), order the allowed slots by rendezvous
     hashing of the request's first non-common block (its first distinguishing block: equal for
     every turn of a conversation, and computed the same way by every gateway replica without
-    shared state) and take the first one whose prefill is within the tie band of the cheapest and
-    whose load stays under ``ceil(load_factor × (Σ n + 1) / S)`` (bounded-load rendezvous); failing
-    that, the first under the bound; reason ``cold_hash``. When the gate removed the slot with the
+    shared state) and take the first one whose prefill is within
+    ``max(cold_band_s, cold_band_rel × cheapest)`` of the cheapest (a shared prefix that costs
+    under a second to rebuild must not pull every new conversation to the one slot that has it;
+    a forked conversation's long history must) and whose recent working set
+    (``Footprint``, tokens) plus this prompt stays under
+    ``max(load_factor × (Σ footprint + P) / S, P)`` (bounded-load rendezvous), reason
+    ``cold_hash``; if no near tie is under the bound (only an overloaded slot holds what the
+    request needs), the warm rule above decides. When the gate removed the slot with the
     best ``ttft_s``, the reason is ``imbalance``.
 
-    Parameters and defaults: ``model`` ``PrefillModel()``, ``tie_rel`` 0.1, ``tie_abs_s`` 0.05,
-    ``gate_ratio`` 1.5, ``gate_slack`` 2 requests, ``load_factor`` 1.25, ``learn_alpha`` 0.1,
+    Parameters and defaults: ``model`` ``PrefillModel()``, ``tie_rel`` 0.1, ``tie_abs_s`` 0.1,
+    ``gate_ratio`` 1.5, ``gate_slack`` 2 requests, ``load_factor`` 1.25, ``cold_band_s`` 1.0,
+    ``cold_band_rel`` 0.5, ``learn_alpha`` 0.1,
     ``min_learn_s`` 0.05 (shorter predicted prefills are too noisy to learn from), ``speed`` clamped
     to [0.1, 10], ``default_capacity`` 1,000,000 tokens per rank until a backend reports its own,
-    ``common`` ``CommonBlocks()``, ``seed`` 0 (near-tie RNG).
+    ``common`` ``CommonBlocks()``, ``active_s`` 600 (the ``Footprint`` horizon: on the Mooncake trace,
+    600 s beat 120 s and 300 s on both hit rate and balance), ``seed`` 0 (near-tie RNG).
 
     ``Dispatch.scores``: ``prompt_tokens``, ``common_tokens``, ``matched_tokens`` and
     ``expected_ttft_s`` / ``wait_s`` of the pick, ``best_match_tokens``, ``candidates``, and
@@ -187,16 +218,20 @@ class MinTTFT:
 
     name = "min-ttft"
 
-    def __init__(self, *, model: PrefillModel | None = None, tie_rel: float = 0.1, tie_abs_s: float = 0.05,
+    def __init__(self, *, model: PrefillModel | None = None, tie_rel: float = 0.1, tie_abs_s: float = 0.1,
                  gate_ratio: float = 1.5, gate_slack: float = 2.0, load_factor: float = 1.25,
-                 learn_alpha: float = 0.1, min_learn_s: float = 0.05, default_capacity: int = 1_000_000,
-                 common: CommonBlocks | None = None, active_s: float = 120.0, seed: int = 0) -> None:
+                 cold_band_s: float = 1.0, cold_band_rel: float = 0.5, learn_alpha: float = 0.1,
+                 min_learn_s: float = 0.05, default_capacity: int = 1_000_000, token_gate_ratio: float = 0.0,
+                 common: CommonBlocks | None = None, active_s: float = 600.0, seed: int = 0) -> None:
         self.model = model or PrefillModel()
         self.tie_rel = tie_rel
         self.tie_abs_s = tie_abs_s
         self.gate_ratio = gate_ratio
         self.gate_slack = gate_slack
         self.load_factor = load_factor
+        self.cold_band_s = cold_band_s
+        self.token_gate_ratio = token_gate_ratio
+        self.cold_band_rel = cold_band_rel
         self.learn_alpha = learn_alpha
         self.min_learn_s = min_learn_s
         self.index = PrefixIndex(default_capacity)
@@ -262,20 +297,26 @@ class MinTTFT:
         count = len(slots)
         mean_after = (sum(n) + 1) / count
         limit = max(self.gate_ratio * mean_after, mean_after + self.gate_slack)
-        allowed = [i for i in range(count) if n[i] + 1 <= limit] or list(range(count))
+        allowed = [i for i in range(count) if n[i] + 1 <= limit]
+        if self.token_gate_ratio:
+            load = self._working_sets(slots, self._key(fp, common_blocks, req), now)
+            cap = max(self.token_gate_ratio * (sum(load) + prompt) / count, prompt)
+            allowed = [i for i in allowed if load[i] + prompt <= cap or matched[i] <= common_tokens]
+        allowed = allowed or list(range(count))
         best_all = min(range(count), key=ttft.__getitem__)
         best_match = max(matched)
 
-        if best_match > common_tokens:
+        chosen = -1
+        if best_match <= common_tokens:
+            chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, allowed, prefill, now)
+            reason = "cold_hash"
+        if chosen < 0:
             best = min(ttft[i] for i in allowed)
             band = best + max(self.tie_abs_s, self.tie_rel * best)
             near = [i for i in allowed if ttft[i] <= band]
             longest = max(matched[i] for i in near)
             chosen = self._rng.choice([i for i in near if matched[i] == longest])
             reason = "prefix" if matched[chosen] == best_match else "least_wait"
-        else:
-            chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, allowed, prefill, now)
-            reason = "cold_hash"
         if best_all not in allowed and chosen != best_all:
             reason = "imbalance"
 
@@ -292,27 +333,30 @@ class MinTTFT:
         """A conversation's identity: its first distinguishing block (the same for all its turns)."""
         return fp[min(common_blocks, len(fp) - 1)][0] if fp else stable_hash(req.conversation or req.rid)
 
-    def _cold(self, key: int, prompt: int, slots: list[tuple[Slot, BackendView]], allowed: list[int],
-              prefill: list[float], now: float) -> int:
-        """Bounded-load rendezvous over the allowed slots, load = recent working set in tokens."""
-        cheapest = min(prefill[i] for i in allowed)
-        band = cheapest + max(self.tie_abs_s, self.tie_rel * cheapest)
+    def _working_sets(self, slots: list[tuple[Slot, BackendView]], key: int, now: float) -> list[int]:
+        """Each slot's recent working set in tokens, without this conversation's previous turn."""
         load = [self.footprint.tokens(s, now) for s, _ in slots]
-        own = self.footprint.own(key)  # this conversation's previous turn must not count against it
+        own = self.footprint.own(key)
         if own is not None:
             for i, (s, _) in enumerate(slots):
                 if s == own[0]:
                     load[i] -= own[1]
+        return load
+
+    def _cold(self, key: int, prompt: int, slots: list[tuple[Slot, BackendView]], allowed: list[int],
+              prefill: list[float], now: float) -> int:
+        """Bounded-load rendezvous over the allowed slots, load = recent working set in tokens;
+        -1 when no near tie is under the bound (the caller then takes the best expected TTFT)."""
+        cheapest = min(prefill[i] for i in allowed)
+        wide = cheapest + max(self.cold_band_s, self.cold_band_rel * cheapest)
+        load = self._working_sets(slots, key, now)
         bound = max(self.load_factor * (sum(load) + prompt) / len(slots), prompt)
         position = {slots[i][0]: i for i in allowed}
         order = [position[s] for s in self._rendezvous.order(key, list(position))]
         for i in order:
-            if prefill[i] <= band and load[i] + prompt <= bound:
+            if prefill[i] <= wide and load[i] + prompt <= bound:
                 return i
-        for i in order:
-            if load[i] + prompt <= bound:
-                return i
-        return min(allowed, key=load.__getitem__)
+        return -1
 
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
         slot = slot_of(decision)

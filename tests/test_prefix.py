@@ -1,0 +1,210 @@
+"""The prefix fingerprint (policies/prefix.py) and the per-slot prefix index (policies/prefix_index.py)."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from policies.prefix import BLOCK_BYTES, fingerprint, from_blocks, render, request_fingerprint, total_tokens
+from policies.prefix_index import BlockLRU, PrefixIndex, cumulative_tokens
+
+RATIO = 0.25
+
+
+def _text(seed: int, n: int) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choices("abcdefghij klmnop\n{}()", k=n))
+
+
+def _chat(turns: int = 6) -> dict:
+    msgs: list[dict] = [{"role": "system", "content": _text(0, 9000)}]
+    for i in range(turns):
+        msgs.append({"role": "user", "content": _text(10 + i, 3000 + 100 * i)})
+        msgs.append({"role": "assistant", "content": _text(100 + i, 1500),
+                     "tool_calls": [{"id": f"call{i}", "type": "function",
+                                     "function": {"name": "read", "arguments": '{"path": "a.py"}'}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"call{i}", "name": "read", "content": _text(200 + i, 2500)})
+    return {"model": "kimi", "messages": msgs,
+            "tools": [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]}
+
+
+def _first_diff(a: bytes, b: bytes) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+# -- fingerprint ---------------------------------------------------------------------------------
+
+def test_same_request_same_fingerprint() -> None:
+    body = _chat()
+    fp1, n1 = request_fingerprint(body, RATIO)
+    fp2, n2 = request_fingerprint(copy.deepcopy(body), RATIO)
+    assert fp1 == fp2 and n1 == n2
+    assert len(fp1) == -(-n1 // BLOCK_BYTES)
+    # Key order inside tools and tool calls does not matter (sorted JSON).
+    body3 = copy.deepcopy(body)
+    body3["tools"] = [{"function": {"parameters": {"type": "object"}, "name": "read"}, "type": "function"}]
+    assert request_fingerprint(body3, RATIO)[0] == fp1
+
+
+@pytest.mark.parametrize("index", [1, 7, 12, 18])
+def test_changed_message_changes_only_blocks_from_it_on(index: int) -> None:
+    body = _chat()
+    changed = copy.deepcopy(body)
+    msg = changed["messages"][index]
+    msg["content"] = msg["content"][:200] + "X" + msg["content"][201:]
+    a, b = render(body), render(changed)
+    cut = _first_diff(a, b)
+    fa, fb = fingerprint(a, RATIO), fingerprint(b, RATIO)
+    first_changed = cut // BLOCK_BYTES
+    assert fa[:first_changed] == fb[:first_changed]
+    assert all(x[0] != y[0] for x, y in zip(fa[first_changed:], fb[first_changed:], strict=True))
+    assert first_changed > 0
+
+
+def test_every_message_and_field_counts_not_only_the_first() -> None:
+    body = _chat()
+    base = request_fingerprint(body, RATIO)[0]
+    edits = [
+        lambda b: b["messages"][-1].__setitem__("content", "different tool output"),
+        lambda b: b["messages"][-2]["tool_calls"][0]["function"].__setitem__("arguments", '{"path": "b.py"}'),
+        lambda b: b["messages"][-1].__setitem__("tool_call_id", "other"),
+        lambda b: b["messages"][-1].__setitem__("name", "write"),
+        lambda b: b["messages"][-1].__setitem__("role", "user"),
+        lambda b: b["tools"][0]["function"].__setitem__("name", "open"),
+    ]
+    for edit in edits:
+        changed = copy.deepcopy(body)
+        edit(changed)
+        assert request_fingerprint(changed, RATIO)[0] != base
+
+
+def test_tools_come_first_and_change_everything() -> None:
+    body = _chat()
+    changed = copy.deepcopy(body)
+    changed["tools"][0]["function"]["name"] = "open"
+    fa, fb = request_fingerprint(body, RATIO)[0], request_fingerprint(changed, RATIO)[0]
+    assert all(x[0] != y[0] for x, y in zip(fa, fb, strict=True))
+
+
+def test_next_turn_keeps_the_previous_full_blocks() -> None:
+    body = _chat(turns=3)
+    nxt = copy.deepcopy(body)
+    nxt["messages"].append({"role": "user", "content": "now run the tests"})
+    a, b = request_fingerprint(body, RATIO), request_fingerprint(nxt, RATIO)
+    full = a[1] // BLOCK_BYTES
+    assert b[0][:full] == a[0][:full]
+    assert len(b[0]) >= len(a[0])
+
+
+def test_content_parts_are_rendered() -> None:
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello " * 100},
+                                                       {"type": "image_url", "image_url": {"url": "x"}}]}]}
+    other = copy.deepcopy(parts)
+    other["messages"][0]["content"][0]["text"] = "hullo " * 100
+    img = copy.deepcopy(parts)
+    img["messages"][0]["content"][1]["image_url"]["url"] = "y"
+    fps = {request_fingerprint(b, RATIO)[0] for b in (parts, other, img)}
+    assert len(fps) == 3
+
+
+def test_token_estimates_add_up() -> None:
+    data = render(_chat())
+    for ratio in (0.25, 0.3, 0.17):
+        fp = fingerprint(data, ratio)
+        assert total_tokens(fp) == round(len(data) * ratio)
+        assert all(n >= 1 for _, n in fp)
+    assert fingerprint(b"", RATIO) == ()
+
+
+def test_completion_prompts() -> None:
+    text = _text(5, 5000)
+    fp_str, n = request_fingerprint({"prompt": text}, RATIO)
+    assert n == len(text.encode())
+    fp_longer, _ = request_fingerprint({"prompt": text + "more"}, RATIO)
+    assert fp_longer[: n // BLOCK_BYTES] == fp_str[: n // BLOCK_BYTES]
+    ids1, _ = request_fingerprint({"prompt": list(range(3000))}, RATIO)
+    ids2, _ = request_fingerprint({"prompt": [*range(2999), 7]}, RATIO)
+    assert ids1 != ids2 and ids1[0] == ids2[0]
+    assert request_fingerprint({"prompt": ["a" * 2000, "b"]}, RATIO)[0] != request_fingerprint(
+        {"prompt": ["a" * 2000, "c"]}, RATIO)[0]
+
+
+def test_from_blocks_keeps_simulator_blocks() -> None:
+    blocks = [(11, 512), (22, 512), (33, 97)]
+    assert from_blocks(blocks) == ((11, 512), (22, 512), (33, 97))
+
+
+# -- index -----------------------------------------------------------------------------------------
+
+def _chain(label: str, sizes: list[int], parent: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
+    out = list(parent)
+    for i, n in enumerate(sizes):
+        out.append((hash((out[-1][0] if out else 0, label, i)) & ((1 << 62) - 1), n))
+    return tuple(out)
+
+
+def test_matched_tokens_is_the_held_prefix() -> None:
+    idx = PrefixIndex(default_capacity=10_000)
+    base = _chain("sys", [500, 500])
+    turn1 = _chain("a", [300, 200], base)
+    idx.insert("x", turn1)
+    assert idx.matched_tokens("x", turn1) == 1500
+    turn2 = _chain("a2", [400], turn1)
+    assert idx.matched_tokens("x", turn2) == 1500
+    other = _chain("b", [300], base)
+    assert idx.matched_tokens("x", other) == 1000
+    assert idx.matched_tokens("y", turn1) == 0
+    cum = cumulative_tokens(turn2)
+    assert idx.matched_tokens("x", turn2, cum) == 1500
+    assert idx.match_all(turn2, ["x", "y"]) == {"x": 1500, "y": 0}
+
+
+def test_lru_evicts_least_recent_within_capacity() -> None:
+    idx = PrefixIndex(default_capacity=3000)
+    a, b, c = _chain("a", [1000]), _chain("b", [1000]), _chain("c", [1000])
+    idx.insert("s", a)
+    idx.insert("s", b)
+    idx.insert("s", c)
+    assert idx.held_tokens("s") == 3000
+    idx.insert("s", a)  # touch a: b is now the oldest
+    d = _chain("d", [1000])
+    idx.insert("s", d)
+    assert idx.held_tokens("s") <= 3000
+    assert [idx.matched_tokens("s", x) for x in (a, b, c, d)] == [1000, 0, 1000, 1000]
+
+
+def test_eviction_takes_leaves_first_and_respects_resize() -> None:
+    lru = BlockLRU(capacity_tokens=10 * 256)
+    long = _chain("conv", [256] * 16)
+    lru.insert(long)
+    assert lru.tokens <= 10 * 256
+    held = lru.matched_blocks(long)
+    assert held == 10  # the root side stays, as in the engine's radix cache
+    assert all(k in lru for k, _ in long[:held]) and not any(k in lru for k, _ in long[held:])
+    idx = PrefixIndex(default_capacity=100_000)
+    idx.insert("s", long)
+    idx.set_capacity("s", 4 * 256)
+    assert idx.held_tokens("s") == 4 * 256
+    assert idx.matched_tokens("s", long) == 4 * 256
+    idx.set_capacity("s", 0)  # unknown capacity keeps the bound
+    assert idx.slot("s").capacity == 4 * 256
+
+
+def test_shared_prefix_survives_while_conversations_churn() -> None:
+    idx = PrefixIndex(default_capacity=20_000)
+    system = _chain("sys", [1000] * 4)
+    for i in range(50):
+        idx.insert("s", _chain(f"c{i}", [1000] * 5, system))
+    assert idx.matched_tokens("s", _chain("new", [1000], system)) == 4000
+    assert idx.held_tokens("s") <= 20_000
+
+
+def test_index_handles_long_fingerprints() -> None:
+    idx = PrefixIndex(default_capacity=2_000_000)
+    long = _chain("big", [256] * 640)  # a 160k-token prompt in 1 KiB blocks
+    for slot in range(64):
+        idx.insert(slot, long[: 10 * slot + 1])
+    matches = idx.match_all(long, range(64))
+    assert matches == {s: 256 * (10 * s + 1) for s in range(64)}
