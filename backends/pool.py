@@ -1,8 +1,10 @@
-"""The pool of SGLang backends: health checks, load polls and capacity, per model alias.
+"""The pool of SGLang backends: health checks, load polls, capacity and circuit breakers.
 
-A backend is taken out of rotation after ``failures_to_eject`` failed health checks in a row,
-or at once when a request cannot connect to it, and put back by the next successful check.
-A 4xx answer to a request never takes a backend out (that is the request's fault).
+A backend is in rotation while its health checks pass (``failures_to_eject`` failures in a row
+take it out, the next success puts it back) and its circuit breaker (``policies/breaker.py``) is
+not open: requests that fail (connection refused at once; timeouts, 5xx and broken streams by
+streak or rate) open it, and a half-open probe (the next health check, or one request) closes it.
+A 4xx answer never counts against a backend (that is the request's fault).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import httpx
 
 from gateway.config import BackendConfig, Config
+from policies.breaker import STATE_CODE, Breaker
 from policies.types import BackendView
 
 log = logging.getLogger("cachegate.pool")
@@ -28,7 +31,8 @@ class Backend:
     model: str
     config: BackendConfig
     upstream_model: str
-    healthy: bool = False
+    health_ok: bool = False
+    breaker: Breaker = field(default_factory=Breaker)
     failures: int = 0
     last_error: str = ""
     max_total_num_tokens: int = 0
@@ -44,6 +48,14 @@ class Backend:
     @property
     def name(self) -> str:
         return self.config.name or self.config.url
+
+    @property
+    def healthy(self) -> bool:
+        return self.health_ok and self.breaker.routable(time.monotonic())
+
+    @property
+    def breaker_state(self) -> int:
+        return STATE_CODE[self.breaker.state(time.monotonic())]
 
     @property
     def url(self) -> str:
@@ -140,7 +152,7 @@ class BackendPool:
                 await self._fetch_info(backend, check_models=first or not backend.served_models)
             self.mark_ok(backend)
         else:
-            self.mark_failure(backend, error, eject=first)
+            self.mark_failure(backend, error)
 
     async def _fetch_info(self, backend: Backend, check_models: bool) -> None:
         try:
@@ -189,20 +201,43 @@ class BackendPool:
         backend.loads_at = time.monotonic()
 
     def mark_ok(self, backend: Backend) -> None:
+        """A passed health check (also the half-open probe of an open breaker)."""
+        was = backend.healthy
         backend.failures = 0
         backend.last_error = ""
-        if not backend.healthy:
-            backend.healthy = True
+        backend.health_ok = True
+        now = time.monotonic()
+        if backend.breaker.state(now) == "half_open":
+            backend.breaker.success(now)
+        if not was and backend.healthy:
             log.info("backend %s (%s) is healthy", backend.name, backend.url)
             self._changed(backend.model)
 
-    def mark_failure(self, backend: Backend, error: str, eject: bool = False) -> None:
-        """A failed health check, or (``eject=True``) a request that could not reach the backend."""
+    def mark_failure(self, backend: Backend, error: str) -> None:
+        """A failed health check."""
         backend.failures += 1
         backend.last_error = error
-        if backend.healthy and (eject or backend.failures >= self.config.health.failures_to_eject):
-            backend.healthy = False
+        if backend.health_ok and backend.failures >= self.config.health.failures_to_eject:
+            backend.health_ok = False
             log.warning("backend %s (%s) taken out of rotation: %s", backend.name, backend.url, error)
             self._changed(backend.model)
-        elif not backend.healthy and eject and backend.failures == 1:
-            log.warning("backend %s (%s) is not reachable: %s", backend.name, backend.url, error)
+        elif not backend.health_ok and backend.failures == 1:
+            log.warning("backend %s (%s) is not healthy: %s", backend.name, backend.url, error)
+
+    def request_ok(self, backend: Backend) -> None:
+        """A request got an answer that is not the backend's fault (2xx-4xx, a complete stream)."""
+        backend.breaker.success(time.monotonic())
+
+    def request_failed(self, backend: Backend, kind: str, error: str) -> None:
+        """A request failed on the backend: ``connect`` (trips the breaker at once), ``timeout``,
+        ``status_5xx`` or ``stream_broken`` (counted towards opening it)."""
+        now = time.monotonic()
+        was = backend.healthy
+        if kind == "connect":
+            backend.breaker.trip(now)
+        else:
+            backend.breaker.failure(now)
+        backend.last_error = error
+        if was and not backend.healthy:
+            log.warning("backend %s (%s): circuit breaker open after %s (%s)", backend.name, backend.url, kind, error)
+            self._changed(backend.model)

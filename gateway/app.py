@@ -124,6 +124,7 @@ class Gateway:
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
         self.pool = BackendPool(self.config, self.client)
         self.pool.subscribe(self._backends_changed)
+        self.metrics.init_labels(self.config.teams, (b.name for b in self.pool.all()))
         self.dispatcher.start()
         await self.state.start()
         await self.pool.start()
@@ -147,7 +148,7 @@ class Gateway:
         for backend in self.pool.models.get(alias, []):
             m = self.metrics
             m.backend_healthy.labels(backend.name).set(1 if backend.healthy else 0)
-            m.backend_breaker.labels(backend.name).set(0 if backend.healthy else 2)
+            m.backend_breaker.labels(backend.name).set(backend.breaker_state)
             m.backend_kv.labels(backend.name).set(backend.token_usage)
             m.backend_running.labels(backend.name).set(backend.running)
             m.backend_waiting.labels(backend.name).set(backend.waiting)
@@ -310,7 +311,7 @@ class CompletionsEndpoint:
             except RETRYABLE as exc:
                 upstream.failed("connect", exc)
                 gw.metrics.upstream_errors.labels(backend.name, "connect").inc()
-                gw.pool.mark_failure(backend, f"{type(exc).__name__}: {exc}", eject=True)
+                gw.pool.request_failed(backend, "connect", f"{type(exc).__name__}: {exc}")
                 if attempt == 0:
                     retry = gw.dispatcher.retry(rid, backend.name)
                     if isinstance(retry, Dispatch):
@@ -322,10 +323,12 @@ class CompletionsEndpoint:
             except httpx.TimeoutException as exc:
                 upstream.failed("timeout", exc)
                 gw.metrics.upstream_errors.labels(backend.name, "timeout").inc()
+                gw.pool.request_failed(backend, "timeout", "no answer in time")
                 raise GatewayError(504, "The backend did not answer in time.", "upstream_timeout") from None
             except httpx.HTTPError as exc:
                 upstream.failed("connect", exc)
                 gw.metrics.upstream_errors.labels(backend.name, "connect").inc()
+                gw.pool.request_failed(backend, "connect", f"{type(exc).__name__}: {exc}")
                 raise GatewayError(502, f"Upstream error: {type(exc).__name__}.", "upstream_error") from None
             try:
                 result.status = response.status_code
@@ -336,10 +339,12 @@ class CompletionsEndpoint:
                         payload = await read_body(response)
                     except httpx.TimeoutException:
                         gw.metrics.upstream_errors.labels(backend.name, "timeout").inc()
+                        result.stream_error = "timeout"
                         raise GatewayError(504, "The backend did not answer in time.",
                                            "upstream_timeout") from None
                     except httpx.HTTPError:
                         gw.metrics.upstream_errors.labels(backend.name, "stream_broken").inc()
+                        result.stream_error = "stream_broken"
                         raise GatewayError(502, "The backend connection broke.", "upstream_error") from None
                     if response.status_code == 200:
                         read_usage(payload, result)
@@ -360,6 +365,12 @@ class CompletionsEndpoint:
             finally:
                 await response.aclose()
                 upstream.done(response.status_code, result.stream_error)
+                if response.status_code >= 500:
+                    gw.pool.request_failed(backend, "status_5xx", f"answered {response.status_code}")
+                elif result.stream_error in ("timeout", "stream_broken"):
+                    gw.pool.request_failed(backend, result.stream_error, "the response broke off")
+                else:
+                    gw.pool.request_ok(backend)
             return response.status_code, backend.name
         raise AssertionError("unreachable")
 

@@ -26,12 +26,15 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.exposition import choose_encoder
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+REFUSAL_REASONS = ("team_queue_full", "queue_timeout", "team_token_rate", "no_healthy_backend")
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "status_5xx", "stream_broken")
 
 TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 4, 8)
@@ -138,6 +141,16 @@ class Metrics:
         self.redis_degraded = Gauge("cachegate_redis_degraded",
                                     "1 when Redis is unreachable and limits are split per replica.",
                                     registry=r, multiprocess_mode="livemax")
+
+    def init_labels(self, teams: Iterable[str], backends: Iterable[str]) -> None:
+        """Export the refusal and upstream-error series at zero from the start, so that ``rate()``
+        sees the first event as an increase instead of a series appearing at 1."""
+        for team in teams:
+            for reason in REFUSAL_REASONS:
+                self.refusals.labels(team, reason)
+        for backend in backends:
+            for kind in UPSTREAM_ERROR_KINDS:
+                self.upstream_errors.labels(backend, kind)
 
     def exposition(self, accept: str = "") -> tuple[bytes, str]:
         """The ``/metrics`` body and its content type, in the format ``accept`` asks for."""

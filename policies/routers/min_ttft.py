@@ -179,33 +179,28 @@ class MinTTFT:
       queued ahead (observed = TTFT; predicted from the cached tokens the engine reported);
     - ``ttft_s = wait_s + prefill_s``.
 
-    Gate (safety net against hot spots): with ``n_s`` the requests in flight on s (this router's,
-    plus any surplus the backend reports, split over ranks) and ``m = (Σ n + 1) / S``, s is allowed
-    iff ``n_s + 1 ≤ max(gate_ratio × m, m + gate_slack)``; if none is, all are.
+    Warm requests (some slot holds more of the prompt than its common prefix, see below): the gate
+    (safety net against hot spots), with ``n_s`` the requests in flight on s (this router's, plus
+    any surplus the backend reports, split over ranks) and ``m = (Σ n + 1) / S``, allows s iff
+    ``n_s + 1 ≤ max(gate_ratio × m, m + gate_slack)`` (all, if none is). The near ties are the
+    allowed slots within ``max(tie_abs_s, tie_rel × best)`` of the best ``ttft_s``; among them keep
+    those holding the longest match (a tie must not cost the cache the next turn needs) and pick one
+    at random (seeded). Reason ``prefix`` when the pick holds the longest match of all candidates,
+    ``imbalance`` when the gate removed the slot with the best ``ttft_s``, else ``least_wait``.
 
-    Choice: a prefix shared by several conversations (up to the request's deepest branch point,
-    ``CommonBlocks``: a system prompt, tools) is not evidence of a conversation. If some slot
-    holds more than those common tokens (a *warm* request), the near
-    ties are the allowed slots within ``max(tie_abs_s, tie_rel × best)`` of the best ``ttft_s``;
-    among them keep those holding the longest match (a tie must not cost the cache the next turn
-    needs) and pick one at random (seeded): reason ``prefix`` when the pick holds the longest match
-    of all candidates, else ``least_wait``. If no slot does (a *cold* request: a new
-    conversation), order the allowed slots by rendezvous
-    hashing of the request's first non-common block (its first distinguishing block: equal for
+    Cold requests (a new conversation: nobody holds more than the common prefix, i.e. the blocks
+    up to the request's deepest ``CommonBlocks`` block: a system prompt, tools, which say nothing
+    about the conversation and must not pull every new one to the slot that has them): order all
+    candidate slots by rendezvous hashing of the request's first distinguishing block (equal for
     every turn of a conversation, and computed the same way by every gateway replica without
-    shared state) and take the first one whose prefill is within
-    ``max(cold_band_s, cold_band_rel × cheapest)`` of the cheapest (a shared prefix that costs
-    under a second to rebuild must not pull every new conversation to the one slot that has it;
-    a forked conversation's long history must) and whose recent working set
-    (``Footprint``, tokens) plus this prompt stays under
-    ``max(load_factor × (Σ footprint + P) / S, P)`` (bounded-load rendezvous), reason
-    ``cold_hash``; if no near tie is under the bound (only an overloaded slot holds what the
-    request needs), the warm rule above decides. When the gate removed the slot with the
-    best ``ttft_s``, the reason is ``imbalance``.
+    shared state) and take the first whose recent working set (``Footprint``, tokens) plus this
+    prompt stays under ``load_factor × (Σ footprint + P) / S + P`` (bounded-load rendezvous; the
+    least loaded slot always fits); reason ``cold_hash``. The working set, not the momentary
+    in-flight count, bounds cold placement: it changes slowly, so replicas that each see only part
+    of the traffic still agree.
 
     Parameters and defaults: ``model`` ``PrefillModel()``, ``tie_rel`` 0.1, ``tie_abs_s`` 0.1,
-    ``gate_ratio`` 1.5, ``gate_slack`` 2 requests, ``load_factor`` 1.25, ``cold_band_s`` 1.0,
-    ``cold_band_rel`` 0.5, ``learn_alpha`` 0.1,
+    ``gate_ratio`` 1.5, ``gate_slack`` 2 requests, ``load_factor`` 1.25, ``learn_alpha`` 0.1,
     ``min_learn_s`` 0.05 (shorter predicted prefills are too noisy to learn from), ``speed`` clamped
     to [0.1, 10], ``default_capacity`` 1,000,000 tokens per rank until a backend reports its own,
     ``common`` ``CommonBlocks()``, ``active_s`` 600 (the ``Footprint`` horizon: on the Mooncake trace,
@@ -220,8 +215,8 @@ class MinTTFT:
 
     def __init__(self, *, model: PrefillModel | None = None, tie_rel: float = 0.1, tie_abs_s: float = 0.1,
                  gate_ratio: float = 1.5, gate_slack: float = 2.0, load_factor: float = 1.25,
-                 cold_band_s: float = 1.0, cold_band_rel: float = 0.5, learn_alpha: float = 0.1,
-                 min_learn_s: float = 0.05, default_capacity: int = 1_000_000, token_gate_ratio: float = 0.0,
+                 cold_gate_ratio: float = 2.0, cold_gate_slack: float = 4.0, learn_alpha: float = 0.1,
+                 min_learn_s: float = 0.05, default_capacity: int = 1_000_000,
                  common: CommonBlocks | None = None, active_s: float = 600.0, seed: int = 0) -> None:
         self.model = model or PrefillModel()
         self.tie_rel = tie_rel
@@ -229,9 +224,8 @@ class MinTTFT:
         self.gate_ratio = gate_ratio
         self.gate_slack = gate_slack
         self.load_factor = load_factor
-        self.cold_band_s = cold_band_s
-        self.token_gate_ratio = token_gate_ratio
-        self.cold_band_rel = cold_band_rel
+        self.cold_gate_ratio = cold_gate_ratio
+        self.cold_gate_slack = cold_gate_slack
         self.learn_alpha = learn_alpha
         self.min_learn_s = min_learn_s
         self.index = PrefixIndex(default_capacity)
@@ -297,27 +291,23 @@ class MinTTFT:
         count = len(slots)
         mean_after = (sum(n) + 1) / count
         limit = max(self.gate_ratio * mean_after, mean_after + self.gate_slack)
-        allowed = [i for i in range(count) if n[i] + 1 <= limit]
-        if self.token_gate_ratio:
-            load = self._working_sets(slots, self._key(fp, common_blocks, req), now)
-            cap = max(self.token_gate_ratio * (sum(load) + prompt) / count, prompt)
-            allowed = [i for i in allowed if load[i] + prompt <= cap or matched[i] <= common_tokens]
-        allowed = allowed or list(range(count))
+        allowed = [i for i in range(count) if n[i] + 1 <= limit] or list(range(count))
         best_all = min(range(count), key=ttft.__getitem__)
         best_match = max(matched)
 
-        chosen = -1
-        if best_match <= common_tokens:
-            chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, allowed, prefill, now)
-            reason = "cold_hash"
-        if chosen < 0:
+        if best_match > common_tokens:
             best = min(ttft[i] for i in allowed)
             band = best + max(self.tie_abs_s, self.tie_rel * best)
             near = [i for i in allowed if ttft[i] <= band]
             longest = max(matched[i] for i in near)
             chosen = self._rng.choice([i for i in near if matched[i] == longest])
             reason = "prefix" if matched[chosen] == best_match else "least_wait"
-        if best_all not in allowed and chosen != best_all:
+        else:
+            cold_limit = max(self.cold_gate_ratio * mean_after, mean_after + self.cold_gate_slack)
+            pool = [i for i in range(count) if n[i] + 1 <= cold_limit] or list(range(count))
+            chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, pool, now)
+            reason = "cold_hash"
+        if reason != "cold_hash" and best_all not in allowed and chosen != best_all:
             reason = "imbalance"
 
         slot, view = slots[chosen]
@@ -343,20 +333,16 @@ class MinTTFT:
                     load[i] -= own[1]
         return load
 
-    def _cold(self, key: int, prompt: int, slots: list[tuple[Slot, BackendView]], allowed: list[int],
-              prefill: list[float], now: float) -> int:
-        """Bounded-load rendezvous over the allowed slots, load = recent working set in tokens;
-        -1 when no near tie is under the bound (the caller then takes the best expected TTFT)."""
-        cheapest = min(prefill[i] for i in allowed)
-        wide = cheapest + max(self.cold_band_s, self.cold_band_rel * cheapest)
+    def _cold(self, key: int, prompt: int, slots: list[tuple[Slot, BackendView]], pool: list[int],
+              now: float) -> int:
+        """Bounded-load rendezvous over the ``pool`` slots, load = recent working set in tokens."""
         load = self._working_sets(slots, key, now)
-        bound = max(self.load_factor * (sum(load) + prompt) / len(slots), prompt)
-        position = {slots[i][0]: i for i in allowed}
-        order = [position[s] for s in self._rendezvous.order(key, list(position))]
-        for i in order:
-            if prefill[i] <= wide and load[i] + prompt <= bound:
-                return i
-        return -1
+        # One request's worth of slack (a strict bound would depend on each replica's own
+        # history while few conversations run); the least loaded slot always fits.
+        bound = max(self.load_factor * (sum(load) + prompt) / len(slots) + prompt, min(load[i] for i in pool) + prompt)
+        position = {slots[i][0]: i for i in pool}
+        return next(i for i in (position[s] for s in self._rendezvous.order(key, list(position)))
+                    if load[i] + prompt <= bound)
 
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
         slot = slot_of(decision)
