@@ -208,13 +208,16 @@ class BackendPool:
         backend.health_ok = True
         now = time.monotonic()
         if backend.breaker.state(now) == "half_open":
-            backend.breaker.success(now)
+            backend.breaker.success(now)  # the probe: the breaker closes
         if not was and backend.healthy:
             log.info("backend %s (%s) is healthy", backend.name, backend.url)
             self._changed(backend.model)
 
     def mark_failure(self, backend: Backend, error: str) -> None:
-        """A failed health check."""
+        """A failed health check (a failed probe when the breaker is half-open)."""
+        now = time.monotonic()
+        if backend.breaker.state(now) == "half_open":
+            backend.breaker.failure(now)
         backend.failures += 1
         backend.last_error = error
         if backend.health_ok and backend.failures >= self.config.health.failures_to_eject:

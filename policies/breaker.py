@@ -5,9 +5,11 @@ States: ``closed`` (requests flow) → ``open`` (no requests) → ``half_open`` 
 - Opens when ``consecutive_failures`` (default 5) requests in a row fail, when the failure rate over
   the last ``window`` (20) outcomes reaches ``error_rate`` (0.5) with at least ``min_samples`` (10)
   of them, or at once on a connection failure (``trip``): the backend is not there.
-- Stays open ``open_s`` (5 s), doubling on every failed probe up to ``max_open_s`` (60 s).
-- Then half-open: one probe (a health check or one request) may pass; success closes it, failure
-  opens it again.
+- Stays open ``open_s`` (5 s), doubling each time it opens again from half-open, up to
+  ``max_open_s`` (60 s).
+- Then half-open: still no requests; the next health check is the probe: success closes the
+  breaker, a failed request or check opens it again. So no request is routed to a backend from the
+  moment its breaker opens until a health check has seen it back.
 
 A failure is a connection error, a timeout, a 5xx or a stream that breaks; a 4xx is the request's
 fault and counts as a success here (one bad request must never take a backend out).
@@ -34,7 +36,6 @@ class Breaker:
         self.streak = 0
         self.opened_at: float | None = None
         self.open_s = open_s
-        self.probing = False
         self.trips = 0
 
     def state(self, now: float) -> State:
@@ -42,20 +43,9 @@ class Breaker:
             return "closed"
         return "half_open" if now - self.opened_at >= self.open_s else "open"
 
-    def allow(self, now: float) -> bool:
-        """May a request go now? In half-open, only one probe at a time."""
-        state = self.state(now)
-        if state == "closed":
-            return True
-        if state == "half_open" and not self.probing:
-            self.probing = True
-            return True
-        return False
-
     def routable(self, now: float) -> bool:
-        """Whether the backend should be offered to routing (no side effect)."""
-        state = self.state(now)
-        return state == "closed" or (state == "half_open" and not self.probing)
+        """Whether requests may be routed to the backend."""
+        return self.opened_at is None
 
     def success(self, now: float) -> None:
         self.outcomes.append(True)
@@ -64,7 +54,6 @@ class Breaker:
             self.opened_at = None
             self.open_s = self.base_open_s
             self.outcomes.clear()
-        self.probing = False
 
     def failure(self, now: float) -> None:
         self.outcomes.append(False)
@@ -77,14 +66,12 @@ class Breaker:
             if self.streak >= self.consecutive_failures or (
                     len(self.outcomes) >= self.min_samples and failed / len(self.outcomes) >= self.error_rate):
                 self._open(now)
-        self.probing = False
 
     def trip(self, now: float) -> None:
         """Open at once (connection refused or reset: the backend is not there)."""
         self.outcomes.append(False)
         self.streak += 1
         self._open(now, backoff=self.state(now) == "half_open")
-        self.probing = False
 
     def _open(self, now: float, backoff: bool = False) -> None:
         if backoff:

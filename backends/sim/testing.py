@@ -115,6 +115,12 @@ def run_twins(n: int, profile: Any = "tiny", **kw: Any) -> Iterator[list[str]]:
         yield [stack.enter_context(run_twin(profile, **kw)) for _ in range(n)]
 
 
+class SpawnedTwin(str):
+    """A twin's base URL that also holds its process (tests kill it to simulate a crash)."""
+
+    proc: subprocess.Popen[bytes]
+
+
 @contextlib.contextmanager
 def spawn_twin(
     profile: str = "tiny",
@@ -123,7 +129,7 @@ def spawn_twin(
     port: int | None = None,
     extra_args: list[str] | None = None,
     ready_timeout: float = 30.0,
-) -> Iterator[str]:
+) -> Iterator[SpawnedTwin]:
     """Run ``cachegate sim-backend`` in a subprocess; yields its base URL and terminates it at exit."""
     p = port or free_port()
     cmd = [
@@ -138,10 +144,11 @@ def spawn_twin(
         str(time_scale),
         *(extra_args or []),
     ]
-    url = f"http://127.0.0.1:{p}"
+    url = SpawnedTwin(f"http://127.0.0.1:{p}")
     # A file, not a pipe: a chatty child can never block on it.
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        url.proc = proc
         try:
             wait_ready(url, ready_timeout, proc, log)
             yield url

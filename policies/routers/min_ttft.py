@@ -179,10 +179,13 @@ class MinTTFT:
       queued ahead (observed = TTFT; predicted from the cached tokens the engine reported);
     - ``ttft_s = wait_s + prefill_s``.
 
-    Warm requests (some slot holds more of the prompt than its common prefix, see below): the gate
-    (safety net against hot spots), with ``n_s`` the requests in flight on s (this router's, plus
-    any surplus the backend reports, split over ranks) and ``m = (Σ n + 1) / S``, allows s iff
-    ``n_s + 1 ≤ max(gate_ratio × m, m + gate_slack)`` (all, if none is). The near ties are the
+    The gate (safety net against hot spots), with ``n_s`` the requests in flight on s (this
+    router's, plus any surplus the backend reports, split over ranks: so replicas see one another's
+    load at the next poll) and ``m = (Σ n + 1) / S``, allows s iff
+    ``n_s + 1 ≤ max(gate_ratio × m, m + gate_slack)`` (all, if none is).
+
+    Warm requests (some slot holds more of the prompt than its common prefix, see below): the near
+    ties are the
     allowed slots within ``max(tie_abs_s, tie_rel × best)`` of the best ``ttft_s``; among them keep
     those holding the longest match (a tie must not cost the cache the next turn needs) and pick one
     at random (seeded). Reason ``prefix`` when the pick holds the longest match of all candidates,
@@ -190,17 +193,16 @@ class MinTTFT:
 
     Cold requests (a new conversation: nobody holds more than the common prefix, i.e. the blocks
     up to the request's deepest ``CommonBlocks`` block: a system prompt, tools, which say nothing
-    about the conversation and must not pull every new one to the slot that has them): order all
-    candidate slots by rendezvous hashing of the request's first distinguishing block (equal for
+    about the conversation and must not pull every new one to the slot that has them): order the
+    allowed slots by rendezvous hashing of the request's first distinguishing block (equal for
     every turn of a conversation, and computed the same way by every gateway replica without
     shared state) and take the first whose recent working set (``Footprint``, tokens) plus this
     prompt stays under ``load_factor × (Σ footprint + P) / S + P`` (bounded-load rendezvous; the
-    least loaded slot always fits); reason ``cold_hash``. The working set, not the momentary
-    in-flight count, bounds cold placement: it changes slowly, so replicas that each see only part
-    of the traffic still agree.
+    least loaded allowed slot always fits); reason ``cold_hash``. The working set changes slowly,
+    so replicas that each see only part of the traffic still agree.
 
     Parameters and defaults: ``model`` ``PrefillModel()``, ``tie_rel`` 0.1, ``tie_abs_s`` 0.1,
-    ``gate_ratio`` 1.5, ``gate_slack`` 2 requests, ``load_factor`` 1.25, ``learn_alpha`` 0.1,
+    ``gate_ratio`` 1.5, ``gate_slack`` 2 requests, ``load_factor`` 1.5, ``learn_alpha`` 0.1,
     ``min_learn_s`` 0.05 (shorter predicted prefills are too noisy to learn from), ``speed`` clamped
     to [0.1, 10], ``default_capacity`` 1,000,000 tokens per rank until a backend reports its own,
     ``common`` ``CommonBlocks()``, ``active_s`` 600 (the ``Footprint`` horizon: on the Mooncake trace,
@@ -214,8 +216,8 @@ class MinTTFT:
     name = "min-ttft"
 
     def __init__(self, *, model: PrefillModel | None = None, tie_rel: float = 0.1, tie_abs_s: float = 0.1,
-                 gate_ratio: float = 1.5, gate_slack: float = 2.0, load_factor: float = 1.25,
-                 cold_gate_ratio: float = 2.0, cold_gate_slack: float = 4.0, learn_alpha: float = 0.1,
+                 gate_ratio: float = 1.5, gate_slack: float = 2.0, load_factor: float = 1.5,
+                 learn_alpha: float = 0.1,
                  min_learn_s: float = 0.05, default_capacity: int = 1_000_000,
                  common: CommonBlocks | None = None, active_s: float = 600.0, seed: int = 0) -> None:
         self.model = model or PrefillModel()
@@ -224,8 +226,6 @@ class MinTTFT:
         self.gate_ratio = gate_ratio
         self.gate_slack = gate_slack
         self.load_factor = load_factor
-        self.cold_gate_ratio = cold_gate_ratio
-        self.cold_gate_slack = cold_gate_slack
         self.learn_alpha = learn_alpha
         self.min_learn_s = min_learn_s
         self.index = PrefixIndex(default_capacity)
@@ -303,9 +303,7 @@ class MinTTFT:
             chosen = self._rng.choice([i for i in near if matched[i] == longest])
             reason = "prefix" if matched[chosen] == best_match else "least_wait"
         else:
-            cold_limit = max(self.cold_gate_ratio * mean_after, mean_after + self.cold_gate_slack)
-            pool = [i for i in range(count) if n[i] + 1 <= cold_limit] or list(range(count))
-            chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, pool, now)
+            chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, allowed, now)
             reason = "cold_hash"
         if reason != "cold_hash" and best_all not in allowed and chosen != best_all:
             reason = "imbalance"
@@ -339,7 +337,8 @@ class MinTTFT:
         load = self._working_sets(slots, key, now)
         # One request's worth of slack (a strict bound would depend on each replica's own
         # history while few conversations run); the least loaded slot always fits.
-        bound = max(self.load_factor * (sum(load) + prompt) / len(slots) + prompt, min(load[i] for i in pool) + prompt)
+        least = min(load[i] for i in pool)
+        bound = max(self.load_factor * (sum(load) + prompt) / len(slots) + prompt, least + prompt)
         position = {slots[i][0]: i for i in pool}
         return next(i for i in (position[s] for s in self._rendezvous.order(key, list(position)))
                     if load[i] + prompt <= bound)
