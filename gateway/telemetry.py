@@ -22,8 +22,9 @@ One request (interfaces §4): a SERVER span ``chat {model}`` / ``text_completion
 GenAI semantic-convention and ``cachegate.*`` attributes, children ``cachegate.admission`` (the
 wait for a dispatch decision), ``cachegate.route`` (the decision: backend, rank, reason, scores)
 and one CLIENT span per upstream attempt, whose context goes upstream as W3C ``traceparent``. The
-first token is the event ``first_token`` on the server span. Prompt and completion text are
-recorded only with ``telemetry.record_content: true``.
+first token is the event ``first_token`` on the server span. Prompt text is recorded (as
+``gen_ai.input.messages``) only with ``telemetry.record_content: true``; completion text never is
+(the gateway relays the stream without assembling it).
 
 The request's trace travels with the request's asyncio task in a context variable
 (:func:`bind` / :func:`current_trace`), so code deep in the request flow reaches it without

@@ -109,6 +109,20 @@ def test_content_parts_are_rendered() -> None:
     assert len(fps) == 3
 
 
+@pytest.mark.parametrize("turns", [0, 1, 6])
+def test_streamed_fingerprint_equals_fingerprint_of_the_rendering(turns: int) -> None:
+    body = _chat(turns)
+    body["messages"].append({"role": "user", "content": [{"type": "text", "text": _text(3, 5000)},
+                                                         {"type": "image_url", "image_url": {"url": "u"}}]})
+    body["messages"].append({"role": "assistant", "content": None, "reasoning_content": "hm" * 700})
+    for block in (BLOCK_BYTES, 7, 4096):
+        fp, n = request_fingerprint(body, 0.3, block)
+        data = render(body)
+        assert n == len(data)
+        assert fp == fingerprint(data, 0.3, block)
+    assert request_fingerprint({"messages": []}, RATIO) == ((), 0)
+
+
 def test_token_estimates_add_up() -> None:
     data = render(_chat())
     for ratio in (0.25, 0.3, 0.17):
