@@ -151,7 +151,9 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _defaults(self) -> Config:
-        self.teams.setdefault("default", TeamConfig())
+        # Keys without a team (and every request when no keys are configured) are team "default".
+        # Unless configured, it is capped only loosely: the backends' seats protect the engines.
+        self.teams.setdefault("default", TeamConfig(max_concurrency=256, max_queue=1024, queue_timeout_s=300))
         for alias, model in self.models.items():
             if model.upstream_model is None:
                 model.upstream_model = alias

@@ -260,9 +260,34 @@ class SeatedAdmission:
 
     def requeue(self, rid: str, now: float) -> list[Decision]:
         """A dispatch could not take its team lease (another replica holds the slots): wait again."""
-        run = self.running.pop(rid, None)
+        run = self._undo(rid, now)
         if run is None:
             return []
+        team = self.teams[run.waiter.req.team]
+        self.waiting[rid] = run.waiter
+        team.waiting += 1
+        team.blocked_until = now + 1.0  # until a release anywhere wakes the team, or a second passes
+        return []
+
+    def retry(self, rid: str, failed_backend: str, now: float) -> list[Decision]:
+        run = self._undo(rid, now)
+        if run is None:
+            return []
+        w = run.waiter
+        seat = self.seats.get(w.key)
+        if seat is not None and seat.slot[0] == failed_backend:
+            self._release(seat)
+        retried = Waiter(_with_exclude(w.req, failed_backend), w.key, w.need, w.arrived, w.seq, w.one_shot)
+        place = self._place(retried, now)
+        if place is None:
+            return [Refuse(rid, "no_healthy_backend", "no other backend can take this request now", 5.0, 503)]
+        return [self._dispatch(retried, place.slot, now, "retry", place.scores)]
+
+    def _undo(self, rid: str, now: float) -> Running | None:
+        """Take back a dispatch that never reached its backend: counters, charge, the seat's use."""
+        run = self.running.pop(rid, None)
+        if run is None:
+            return None
         team = self.team(run.waiter.req.team, now)
         team.inflight -= 1
         team.charge(-run.charged)
@@ -270,30 +295,7 @@ class SeatedAdmission:
         if seat is not None and seat.slot == run.slot:
             seat.busy -= 1
         self.router.finished(rid, run.slot[0], Outcome(ok=False, reached_backend=False), now)
-        self.waiting[rid] = run.waiter
-        team.waiting += 1
-        team.blocked_until = now + 1.0  # until a release anywhere wakes the team, or a second passes
-        return []
-
-    def retry(self, rid: str, failed_backend: str, now: float) -> list[Decision]:
-        run = self.running.pop(rid, None)
-        if run is None:
-            return []
-        w = run.waiter
-        team = self.team(w.req.team, now)
-        team.inflight -= 1
-        team.charge(-run.charged)
-        seat = self.seats.get(w.key)
-        if seat is not None and seat.slot[0] == failed_backend:
-            seat.busy -= 1
-            self._release(seat)
-        self.router.finished(rid, run.slot[0], Outcome(ok=False, reached_backend=False), now)
-        req = _with_exclude(w.req, failed_backend)
-        retried = Waiter(req, w.key, w.need, w.arrived, w.seq, w.one_shot)
-        place = self._place(retried, now)
-        if place is None:
-            return [Refuse(rid, "no_healthy_backend", "no other backend can take this request now", 5.0, 503)]
-        return [self._dispatch(retried, place.slot, now, "retry", place.scores)]
+        return run
 
     def tick(self, now: float) -> list[Decision]:
         decisions: list[Decision] = []

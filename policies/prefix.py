@@ -5,6 +5,9 @@ or completion request into one canonical byte string (tools first, then every me
 role, content, tool calls, tool call id, name; never only the first message), and
 ``fingerprint(data, tokens_per_byte)`` cuts it into ``BLOCK_BYTES`` blocks, each keyed by a hash of
 *all* bytes up to its end (so equal keys mean equal prefixes) and carrying its estimated tokens.
+``request_fingerprint(body, tokens_per_byte)`` gives the same result (plus the rendered length, for
+token estimates) while hashing the rendering message by message, never joining it: the entry point
+for the gateway (about 1.4 ms for a 640 KB request here, ``loadtest/bench_fingerprint.py``).
 
 Block size: 1 KiB, about 256 tokens at Kimi's ~4 bytes per token. Small enough that a turn's new
 tool result (a few thousand tokens) adds about ten blocks and a prefix match loses at most 256
@@ -29,8 +32,8 @@ from policies.types import Fingerprint
 BLOCK_BYTES = 1024
 """Bytes per fingerprint block (about 256 tokens)."""
 
-# Separators that cannot occur in UTF-8 JSON text produced by orjson or in ordinary content
-# without escaping: a record separator before each message, a unit separator between fields.
+# Separators (ASCII record and unit separators, escaped in JSON and rare in text): one before
+# each message, one between its fields.
 _MSG = b"\x1e"
 _FIELD = b"\x1f"
 _DUMP_OPTS = orjson.OPT_SORT_KEYS
@@ -59,6 +62,10 @@ def _canon(value: Any, out: list[bytes]) -> None:
             _canon(item, out)
             out.append(b",")
         out.append(b"]")
+    elif value is None or isinstance(value, bool):
+        out.append(b"null" if value is None else b"true" if value else b"false")
+    elif isinstance(value, int | float):
+        out.append(repr(value).encode())
     else:
         out.append(_dump(value))
 

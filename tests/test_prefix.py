@@ -222,3 +222,15 @@ def test_index_handles_long_fingerprints() -> None:
         idx.insert(slot, long[: 10 * slot + 1])
     matches = idx.match_all(long, range(64))
     assert matches == {s: 256 * (10 * s + 1) for s in range(64)}
+
+
+def test_small_json_values_are_canonical() -> None:
+    def fp(call: dict) -> tuple:
+        body = {"messages": [{"role": "assistant", "content": "x" * 3000, "tool_calls": [call]}]}
+        return request_fingerprint(body, RATIO)[0]
+
+    base = {"id": "c", "index": 0, "ok": True, "extra": None, "w": 0.5, "f": {"name": "n", "arguments": "{}"}}
+    reordered = dict(reversed(list(base.items())))
+    assert fp(base) == fp(reordered)
+    for key, value in (("index", 1), ("ok", False), ("extra", 0), ("w", 0.25), ("f", {"name": "m"})):
+        assert fp({**base, key: value}) != fp(base)

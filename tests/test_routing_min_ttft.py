@@ -271,6 +271,19 @@ def test_reported_load_beyond_ours_counts() -> None:
     assert picks["b0"] == 20
 
 
+def test_a_late_report_of_our_own_finished_requests_is_not_counted_twice() -> None:
+    router = MinTTFT()
+    for i in range(6):
+        r = req(f"r{i}", chain(f"x{i}", 20_000))
+        router.dispatched(r, Dispatch(r.rid, "b1", None, "least_wait"), 0.0)
+    for i in range(6):
+        router.first_token(f"r{i}", 1.0)
+        router.finished(f"r{i}", "b1", Outcome(), 1.0)
+    stale = BackendView(name="b1", kv_tokens=5_000_000, running=6)  # polled before they finished
+    assert router._surplus(stale, 1.5) == (0.0, 0.0)
+    assert router._surplus(stale, 10.0)[0] == 6.0  # still reported long after: someone else's
+
+
 def test_failed_dispatch_frees_the_slot() -> None:
     router, backends = MinTTFT(), views(2)
     r = req("r", chain("x", 50_000))
@@ -340,3 +353,14 @@ def test_min_ttft_routes_through_the_pass_through_core() -> None:
     assert isinstance(d2, Dispatch) and d2.backend == d.backend and d2.reason == "prefix"
     [retry] = core.retry("b", d2.backend, 10.1)
     assert isinstance(retry, Dispatch) and retry.backend != d2.backend and retry.reason == "retry"
+
+
+def test_dp_pinning_reaches_the_ranks_cache_in_the_simulator() -> None:
+    # The simulator hands Dispatch.rank to the engine as routed_dp_rank: pinned conversations
+    # find their prefix in their rank's cache; the server's own round-robin over ranks does not.
+    from loadtest.simulate import SimConfig, run_one
+
+    cfg = dict(profile="b300-dp8-fp8", backends=1, conversations=8, minutes=4, warmup_minutes=1)
+    pinned = run_one(SimConfig(policy="round-robin", routing="min-ttft", **cfg))
+    direct = run_one(SimConfig(policy="direct", **cfg))
+    assert pinned["cache_hit_rate"] > 0.9 > direct["cache_hit_rate"] + 0.2

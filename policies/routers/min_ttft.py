@@ -142,6 +142,30 @@ class Footprint:
         return None if entry is None else (home, entry[1])
 
 
+class RecentMax:
+    """The largest value a counter had over the last ``window_s`` seconds: what a load report
+    taken at some unknown moment of that window may still include."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._points: deque[tuple[float, int]] = deque()
+        self.value = 0
+
+    def set(self, value: int, now: float) -> None:
+        self.value = value
+        points = self._points
+        while points and points[-1][1] <= value:  # a smaller older value can never be the max
+            points.pop()
+        points.append((now, value))
+
+    def max(self, now: float) -> int:
+        points = self._points
+        horizon = now - self.window_s
+        while len(points) > 1 and points[0][0] < horizon:
+            points.popleft()
+        return max(self.value, points[0][1]) if points else self.value
+
+
 @dataclass(slots=True)
 class _Entry:
     slot: Slot
@@ -173,7 +197,8 @@ class MinTTFT:
     - ``wait_s`` = the prefill work this router queued there that has not produced a first token
       (each dispatch adds its predicted prefill after what is already queued) plus, when the backend
       reports more waiting requests than this router has pending there (other replicas, other
-      clients), that surplus × the recent mean prefill, split over its ranks;
+      clients), that surplus × the recent mean prefill, split over its ranks (a report may be up to
+      ``report_lag_s`` old: it is compared with the most this router had pending there meanwhile);
     - ``prefill_s = PrefillModel(P − c_s, c_s) / speed_b``, ``speed_b`` learned per backend as an
       EWMA (``learn_alpha``) of predicted/observed prefill time over requests that found nothing
       queued ahead (observed = TTFT; predicted from the cached tokens the engine reported);
@@ -206,7 +231,8 @@ class MinTTFT:
     ``min_learn_s`` 0.05 (shorter predicted prefills are too noisy to learn from), ``speed`` clamped
     to [0.1, 10], ``default_capacity`` 1,000,000 tokens per rank until a backend reports its own,
     ``common`` ``CommonBlocks()``, ``active_s`` 600 (the ``Footprint`` horizon: on the Mooncake trace,
-    600 s beat 120 s and 300 s on both hit rate and balance), ``seed`` 0 (near-tie RNG).
+    600 s beat 120 s and 300 s on both hit rate and balance), ``report_lag_s`` 2 (the pool polls loads
+    about every second), ``seed`` 0 (near-tie RNG).
 
     ``Dispatch.scores``: ``prompt_tokens``, ``common_tokens``, ``matched_tokens`` and
     ``expected_ttft_s`` / ``wait_s`` of the pick, ``best_match_tokens``, ``candidates``, and
@@ -219,7 +245,8 @@ class MinTTFT:
                  gate_ratio: float = 1.5, gate_slack: float = 2.0, load_factor: float = 1.5,
                  learn_alpha: float = 0.1,
                  min_learn_s: float = 0.05, default_capacity: int = 1_000_000,
-                 common: CommonBlocks | None = None, active_s: float = 600.0, seed: int = 0) -> None:
+                 common: CommonBlocks | None = None, active_s: float = 600.0, report_lag_s: float = 2.0,
+                 recompute_weight: float = 1.0, gate_move_s: float = 2.0, seed: int = 0) -> None:
         self.model = model or PrefillModel()
         self.tie_rel = tie_rel
         self.tie_abs_s = tie_abs_s
@@ -228,6 +255,9 @@ class MinTTFT:
         self.load_factor = load_factor
         self.learn_alpha = learn_alpha
         self.min_learn_s = min_learn_s
+        self.report_lag_s = report_lag_s
+        self.recompute_weight = recompute_weight
+        self.gate_move_s = gate_move_s
         self.index = PrefixIndex(default_capacity)
         self.common = common or CommonBlocks()
         self.speed: dict[str, float] = {}
@@ -236,7 +266,8 @@ class MinTTFT:
         self._inflight = Inflight()
         self._slots: dict[Slot, _SlotState] = {}
         self._entries: dict[str, _Entry] = {}
-        self._pending_per_backend: dict[str, int] = {}
+        self._inflight_recent: dict[str, RecentMax] = {}
+        self._pending_recent: dict[str, RecentMax] = {}
         self._mean_prefill_s = self.model.seconds(8_000, 0)
         self.footprint = Footprint(active_s)
 
@@ -250,12 +281,25 @@ class MinTTFT:
     def _prefill(self, backend: str, prompt: int, cached: int) -> float:
         return self.model.seconds(prompt - cached, cached) / self.speed.get(backend, 1.0)
 
-    def _surplus(self, view: BackendView) -> tuple[float, float]:
-        """(requests, seconds of waiting prefill) the backend reports beyond ours, per rank."""
+    def _recent(self, table: dict[str, RecentMax], backend: str) -> RecentMax:
+        r = table.get(backend)
+        if r is None:
+            r = table[backend] = RecentMax(self.report_lag_s)
+        return r
+
+    def _count(self, table: dict[str, RecentMax], backend: str, delta: int, now: float) -> None:
+        r = self._recent(table, backend)
+        r.set(r.value + delta, now)
+
+    def _surplus(self, view: BackendView, now: float) -> tuple[float, float]:
+        """(requests, seconds of waiting prefill) the backend reports beyond ours, per rank. The
+        report may be up to ``report_lag_s`` old, so it is compared with the most this router had
+        there over that time (requests that just finished must not count as someone else's)."""
         ranks = max(1, view.dp_size)
-        mine = self._inflight.per_backend.get(view.name, 0)
+        mine = self._recent(self._inflight_recent, view.name).max(now)
+        pending = self._recent(self._pending_recent, view.name).max(now)
         extra_n = max(0, view.running + view.waiting - mine) / ranks
-        extra_wait = max(0, view.waiting - self._pending_per_backend.get(view.name, 0)) / ranks
+        extra_wait = max(0, view.waiting - pending) / ranks
         return extra_n, extra_wait * self._mean_prefill_s
 
     # -- Router protocol -------------------------------------------------------------------------
@@ -268,13 +312,14 @@ class MinTTFT:
         prompt = max(req.prompt_tokens, cum[-1])
         common_blocks = self.common.prefix_blocks(fp)
         common_tokens = cum[common_blocks]
-        surplus = {b.name: self._surplus(b) for b in backends}
+        surplus = {b.name: self._surplus(b, now) for b in backends}
 
         n: list[float] = []
         matched: list[int] = []
         prefill: list[float] = []
         ttft: list[float] = []
         waits: list[float] = []
+        score: list[float] = []
         for slot, view in slots:
             self.index.set_capacity(slot, view.kv_tokens)
             extra_n, extra_wait = surplus[view.name]
@@ -287,18 +332,23 @@ class MinTTFT:
             prefill.append(p)
             waits.append(wait)
             ttft.append(wait + p)
+            score.append(wait + (1 + self.recompute_weight) * p)
 
         count = len(slots)
         mean_after = (sum(n) + 1) / count
-        limit = max(self.gate_ratio * mean_after, mean_after + self.gate_slack)
+        # Leaving the cache costs a recompute (``lost_s``): the dearer it is, the hotter a slot
+        # must be before the gate sends the request elsewhere.
+        lost_s = max(prefill) - min(prefill)
+        ratio = self.gate_ratio * (1 + lost_s / self.gate_move_s)
+        limit = max(ratio * mean_after, mean_after + self.gate_slack)
         allowed = [i for i in range(count) if n[i] + 1 <= limit] or list(range(count))
-        best_all = min(range(count), key=ttft.__getitem__)
+        best_all = min(range(count), key=score.__getitem__)
         best_match = max(matched)
 
         if best_match > common_tokens:
-            best = min(ttft[i] for i in allowed)
+            best = min(score[i] for i in allowed)
             band = best + max(self.tie_abs_s, self.tie_rel * best)
-            near = [i for i in allowed if ttft[i] <= band]
+            near = [i for i in allowed if score[i] <= band]
             longest = max(matched[i] for i in near)
             chosen = self._rng.choice([i for i in near if matched[i] == longest])
             reason = "prefix" if matched[chosen] == best_match else "least_wait"
@@ -355,7 +405,8 @@ class MinTTFT:
         st.busy_until = start + p
         st.pending_s += p
         st.pending.add(req.rid)
-        self._pending_per_backend[slot[0]] = self._pending_per_backend.get(slot[0], 0) + 1
+        self._count(self._pending_recent, slot[0], 1, now)
+        self._count(self._inflight_recent, slot[0], 1, now)
         self._entries[req.rid] = _Entry(slot, fp, prompt, cached, p, start - now, now)
         self._inflight.add(req.rid, slot)
         self.footprint.touch(slot, self._key(fp, self.common.prefix_blocks(fp), req), prompt, now)
@@ -371,7 +422,7 @@ class MinTTFT:
         st.pending_s = max(0.0, st.pending_s - e.prefill_s) if st.pending else 0.0
         # What is still queued starts now (the engine prefills one batch after another).
         st.busy_until = now + st.pending_s
-        self._pending_per_backend[e.slot[0]] -= 1
+        self._count(self._pending_recent, e.slot[0], -1, now)
 
     def first_token(self, rid: str, now: float) -> None:
         e = self._entries.get(rid)
@@ -385,6 +436,7 @@ class MinTTFT:
         self._inflight.remove(rid)
         if e is None:
             return
+        self._count(self._inflight_recent, e.slot[0], -1, now)
         self._prefill_done(e, rid, now)
         if outcome.ok and outcome.reached_backend:
             self.index.insert(e.slot, e.fp)  # the engine caches the prompt again as it finishes
