@@ -334,12 +334,22 @@ class SeatedAdmission:
         return req.prompt_tokens + out
 
     def _conversation(self, req: RequestFacts) -> tuple[str, bool]:
+        """The conversation a request continues: given by the caller, or found by the anchor (the last
+        full block of a seated conversation's previous prompt) that this prompt extends. A match counts
+        only if what follows the anchor is no longer than what precedes it: a turn adds one answer and
+        one tool result to its history, while an anchor inside a shared system prompt would be followed
+        by a whole other conversation."""
         if req.conversation:
             return req.conversation, False
-        for key, _ in reversed(req.fingerprint):
+        total = sum(n for _, n in req.fingerprint)
+        after = 0
+        for key, tokens in reversed(req.fingerprint):
             conv = self.anchors.get(key)
-            if conv is not None:
+            if conv is not None and after <= total - after:
                 return conv, False
+            after += tokens
+            if after > total - after:
+                break
         return f"rid:{req.rid}", not req.fingerprint
 
     def _healthy(self, model: str, exclude: frozenset[str] = frozenset()) -> bool:
@@ -464,8 +474,10 @@ class SeatedAdmission:
                 continue
             grow = w.need - seat.tokens
             cap = self._capacity(seat.slot)
-            if (grow > 0 and self.reserved.get(seat.slot, 0) + grow > self._budget(cap, growth=True)
-                    and not self._make_room(w, now, seat.slot, grow)):
+            used = self.reserved.get(seat.slot, 0)
+            if (grow > 0 and used + grow > self._budget(cap, growth=True)
+                    and not self._make_room(w, now, seat.slot, grow)
+                    and used + grow > (cap * self.share if cap else float("inf"))):
                 continue  # keeps its seat; goes when an idle seat there can be released
             self._take(w)
             decisions.append(self._dispatch(w, seat.slot, now, "prefix", {"seated": 1.0}))

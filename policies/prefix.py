@@ -97,25 +97,33 @@ _MESSAGE_FIELDS = tuple((key, _FIELD + key.encode() + b"=") for key in
 
 
 def _chat_pieces(body: Mapping[str, Any]) -> Iterator[bytes]:
-    """The canonical rendering of a chat request, one piece per message (tools first), so a
-    consumer can hash it without ever holding the whole rendering."""
+    """The canonical rendering of a chat request as a few pieces per message (tools first), so a
+    consumer can hash it without ever holding (or copying) the whole rendering."""
     tools = body.get("tools")
     if tools:
         yield b"tools" + _FIELD + _dump(tools)
     for msg in body.get("messages") or ():
-        out: list[bytes] = [_MSG]
         if not isinstance(msg, Mapping):
+            out: list[bytes] = [_MSG]
             _canon(msg, out)
             yield b"".join(out)
             continue
-        out += (str(msg.get("role", "")).encode(), _FIELD)
-        _content(msg.get("content"), out)
+        yield _MSG + str(msg.get("role", "")).encode() + _FIELD
+        content = msg.get("content")
+        if isinstance(content, str):  # the common case: hashed as is, never copied
+            yield content.encode("utf-8", "surrogatepass")
+        elif content is not None:
+            out = []
+            _content(content, out)
+            yield b"".join(out)
+        out = []
         for key, tag in _MESSAGE_FIELDS:
             value = msg.get(key)
             if value is not None:
                 out.append(tag)
                 _canon(value, out)
-        yield b"".join(out)
+        if out:
+            yield b"".join(out)
 
 
 def render_chat(body: Mapping[str, Any]) -> bytes:

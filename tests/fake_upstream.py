@@ -78,6 +78,7 @@ class FakeUpstream:
     sent: list[bytes] = field(default_factory=list)
     """The exact SSE bytes of the last stream the fake sent."""
     error_status: int | None = None
+    kv_tokens: int = 100_000
     _reader: Any = None
     _thread: threading.Thread | None = None
     _writers: list[asyncio.StreamWriter] = field(default_factory=list)
@@ -114,12 +115,12 @@ class FakeUpstream:
         if path == "/health":
             await _send_json(writer, 200 if self.healthy else 503, None)
         elif path == "/get_server_info":
-            await _send_json(writer, 200, {"max_total_num_tokens": 100000, "dp_size": 1, "version": "0.5.23"})
+            await _send_json(writer, 200, {"max_total_num_tokens": self.kv_tokens, "dp_size": 1, "version": "0.5.23"})
         elif path == "/v1/models":
             await _send_json(writer, 200, {"object": "list", "data": [{"id": SERVED, "object": "model"}]})
         elif path == "/v1/loads":
             await _send_json(writer, 200, {"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0,
-                                                      "token_usage": 0.1, "max_total_num_tokens": 100000}]})
+                                                      "token_usage": 0.1, "max_total_num_tokens": self.kv_tokens}]})
         elif path in ("/v1/chat/completions", "/v1/completions") and method == "POST":
             payload = orjson.loads(body)
             self.requests.append({"path": path, "headers": headers, "body": payload})

@@ -207,7 +207,11 @@ class MinTTFT:
     The gate (safety net against hot spots), with ``n_s`` the requests in flight on s (this
     router's, plus any surplus the backend reports, split over ranks: so replicas see one another's
     load at the next poll) and ``m = (Σ n + 1) / S``, allows s iff
-    ``n_s + 1 ≤ max(gate_ratio × m, m + gate_slack)`` (all, if none is).
+    ``n_s + 1 ≤ max(r × m, m + gate_slack)`` (all, if none is), where
+    ``r = gate_ratio × (1 + lost_s / gate_move_s)`` and ``lost_s = max_s prefill_s − min_s prefill_s``
+    is what leaving the cache would cost: a 10k-token miss barely loosens the gate, a 200k-token
+    conversation is moved only off a real hot spot (routine fluctuations of in-flight counts moved
+    such conversations, and their 13 s recomputes delayed everyone behind them).
 
     Warm requests (some slot holds more of the prompt than its common prefix, see below): the near
     ties are the
@@ -227,7 +231,7 @@ class MinTTFT:
     so replicas that each see only part of the traffic still agree.
 
     Parameters and defaults: ``model`` ``PrefillModel()``, ``tie_rel`` 0.1, ``tie_abs_s`` 0.1,
-    ``gate_ratio`` 1.5, ``gate_slack`` 2 requests, ``load_factor`` 1.5, ``learn_alpha`` 0.1,
+    ``gate_ratio`` 1.5, ``gate_slack`` 2 requests, ``gate_move_s`` 2, ``load_factor`` 1.5, ``learn_alpha`` 0.1,
     ``min_learn_s`` 0.05 (shorter predicted prefills are too noisy to learn from), ``speed`` clamped
     to [0.1, 10], ``default_capacity`` 1,000,000 tokens per rank until a backend reports its own,
     ``common`` ``CommonBlocks()``, ``active_s`` 600 (the ``Footprint`` horizon: on the Mooncake trace,
@@ -246,7 +250,7 @@ class MinTTFT:
                  learn_alpha: float = 0.1,
                  min_learn_s: float = 0.05, default_capacity: int = 1_000_000,
                  common: CommonBlocks | None = None, active_s: float = 600.0, report_lag_s: float = 2.0,
-                 recompute_weight: float = 1.0, gate_move_s: float = 2.0, seed: int = 0) -> None:
+                 gate_move_s: float = 2.0, seed: int = 0) -> None:
         self.model = model or PrefillModel()
         self.tie_rel = tie_rel
         self.tie_abs_s = tie_abs_s
@@ -256,7 +260,6 @@ class MinTTFT:
         self.learn_alpha = learn_alpha
         self.min_learn_s = min_learn_s
         self.report_lag_s = report_lag_s
-        self.recompute_weight = recompute_weight
         self.gate_move_s = gate_move_s
         self.index = PrefixIndex(default_capacity)
         self.common = common or CommonBlocks()
@@ -319,7 +322,6 @@ class MinTTFT:
         prefill: list[float] = []
         ttft: list[float] = []
         waits: list[float] = []
-        score: list[float] = []
         for slot, view in slots:
             self.index.set_capacity(slot, view.kv_tokens)
             extra_n, extra_wait = surplus[view.name]
@@ -332,7 +334,6 @@ class MinTTFT:
             prefill.append(p)
             waits.append(wait)
             ttft.append(wait + p)
-            score.append(wait + (1 + self.recompute_weight) * p)
 
         count = len(slots)
         mean_after = (sum(n) + 1) / count
@@ -342,13 +343,13 @@ class MinTTFT:
         ratio = self.gate_ratio * (1 + lost_s / self.gate_move_s)
         limit = max(ratio * mean_after, mean_after + self.gate_slack)
         allowed = [i for i in range(count) if n[i] + 1 <= limit] or list(range(count))
-        best_all = min(range(count), key=score.__getitem__)
+        best_all = min(range(count), key=ttft.__getitem__)
         best_match = max(matched)
 
         if best_match > common_tokens:
-            best = min(score[i] for i in allowed)
+            best = min(ttft[i] for i in allowed)
             band = best + max(self.tie_abs_s, self.tie_rel * best)
-            near = [i for i in allowed if score[i] <= band]
+            near = [i for i in allowed if ttft[i] <= band]
             longest = max(matched[i] for i in near)
             chosen = self._rng.choice([i for i in near if matched[i] == longest])
             reason = "prefix" if matched[chosen] == best_match else "least_wait"
