@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -116,6 +116,7 @@ class AdmissionConfig(_Strict):
     admit_water: float | None = Field(None, gt=0, le=1)
     high_water: float | None = Field(None, gt=0, le=1)
     quantum_s: float | None = Field(None, gt=0)
+    rotate_on: Literal["waiter", "seat"] | None = None
     min_hold_s: float | None = Field(None, ge=0)
     idle_release_s: float | None = Field(None, gt=0)
     default_output: int | None = Field(None, ge=1)

@@ -11,17 +11,21 @@ kept through the think pause between turns, so the conversation's next turn goes
 and finds its prefix still cached. A backend (rank) with capacity ``C`` (``max_total_num_tokens``)
 grants a new seat only while ``Σ seats + need ≤ admit_water · C``. Seated conversations grow turn
 by turn into the gap up to ``high_water · C``; a turn that would pass it first releases idle seats
-there (held at least ``min_hold_s``), and waits if none may go. The gap between the two marks is
+there (held at least ``min_hold_s``); if none may go it still goes while the pool is not full, and
+waits otherwise. The gap between the two marks is
 what lets conversations grow without a swap on every turn: most seats end with their conversation.
 So the running conversations' working set never outgrows the engine's cache, and the excess waits
 at the gateway instead of thrashing the engine.
 
 A seat is given up when
 - its conversation has been idle ``idle_release_s`` (it ended, or its user went away);
-- others wait for a seat that does not fit, the seat is idle (between turns), and it has been held
-  ``quantum_s`` (rotation: a swap-in costs a full recompute, so the quantum trades throughput
-  against waiting), or ``min_hold_s`` when the waiting team has been served less than the seated
-  team (fairness must not wait a whole quantum) or waits in a higher priority band.
+- a conversation waiting for a seat that does not fit has waited ``quantum_s``, and the seat is idle
+  (between turns) and has been held ``min_hold_s`` (``rotate_on="waiter"``, the default: waits are
+  bounded by about the quantum, and when conversations end fast enough to seat the waiters no seat is
+  ever swapped; ``rotate_on="seat"`` instead rotates any seat held ``quantum_s`` while others wait);
+- others wait in a higher priority band, or from a team served less than the seat's team, and the
+  seat has been held ``min_hold_s`` (fairness must not wait a whole quantum).
+A swap-in costs a full recompute of the context, so the quantum trades throughput against waiting.
 Victims are chosen per backend so that the fewest seats are released, most-served team first,
 then oldest seat.
 
@@ -33,9 +37,10 @@ arrival. A new-seat request that does not fit blocks new seats behind it for tha
 backfill, so large conversations are not starved by small ones). Team caps (``max_concurrency``)
 skip a team without blocking others.
 
-Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 600, ``min_hold_s`` 20,
-``idle_release_s`` 30, ``default_output`` 1024, ``output_clip`` 4096 (SGLang's own clip),
-``input_weight`` 1 and ``output_weight`` 1 (tokens charged to a team's counter per token served).
+Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900,
+``rotate_on`` "waiter", ``min_hold_s`` 20, ``idle_release_s`` 30, ``default_output`` 1024,
+``output_clip`` 4096 (SGLang's own clip), ``input_weight`` 1 and ``output_weight`` 1 (tokens
+charged to a team's counter per token served).
 Figures behind these choices: docs/benchmarks.md.
 """
 
@@ -58,8 +63,11 @@ Slot = tuple[str, int | None]
 class SeatParams:
     high_water: float = 0.95
     admit_water: float = 0.85
-    quantum_s: float = 600.0
+    quantum_s: float = 900.0
     min_hold_s: float = 20.0
+    rotate_on: str = "waiter"
+    """What makes an idle seat revocable for a waiter: "waiter" (the waiter has waited ``quantum_s``;
+    the seat was held ``min_hold_s``) or "seat" (the seat was held ``quantum_s``)."""
     idle_release_s: float = 30.0
     default_output: int = 1024
     output_clip: int = 4096
@@ -521,7 +529,9 @@ class SeatedAdmission:
                 held = now - seat.since
                 owner = self.teams[seat.team]
                 favoured = extra is not None or owner.vtc > team.vtc or self._band(w) > owner.limits.priority
-                if held >= p.quantum_s or (favoured and held >= p.min_hold_s):
+                if p.rotate_on == "waiter":
+                    favoured = favoured or now - w.arrived >= p.quantum_s
+                if (p.rotate_on == "seat" and held >= p.quantum_s) or (favoured and held >= p.min_hold_s):
                     victims.append(seat)
             victims.sort(key=lambda s: (-self.teams[s.team].vtc, s.since))
             budget = self._budget(cap, growth=extra is not None)

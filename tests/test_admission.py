@@ -17,9 +17,9 @@ _ids = itertools.count()
 
 
 def core(kv: int = 10_000, backends: int = 1, teams: dict[str, TeamLimits] | None = None,
-         **params: float) -> SeatedAdmission:
+         **params: float | str) -> SeatedAdmission:
     c = SeatedAdmission(RoundRobin(), teams=teams or {},
-                        params=SeatParams(**{"admit_water": 1.0, "high_water": 1.0, **params}))
+                        params=SeatParams(**{"admit_water": 1.0, "high_water": 1.0, **params}))  # type: ignore[arg-type]
     c.set_backends("m", [BackendView(f"b{i}", kv_tokens=kv) for i in range(backends)], 0.0)
     return c
 
@@ -193,8 +193,19 @@ def test_seated_conversation_keeps_its_backend_and_goes_first() -> None:
         assert tokens <= 10_000, slot
 
 
+def test_waiter_rotation_bounds_the_wait() -> None:
+    c = core(kv=5_000, quantum_s=60, idle_release_s=1000, min_hold_s=10)
+    a = dispatched(c.arrive(req(conv="A", tokens=4_000), 0.0))[0]
+    c.finish(a.rid, Outcome(), 1.0)
+    w = req(conv="W", tokens=4_000)
+    assert c.arrive(w, 30.0) == []
+    assert not dispatched(c.tick(89.0))  # W has waited 59 s
+    assert [d.rid for d in dispatched(c.tick(90.5))] == [w.rid]  # 60 s: A's idle seat goes to W
+    assert "A" not in c.seats and "W" in c.seats
+
+
 def test_idle_seat_released_and_quantum_rotation() -> None:
-    c = core(kv=5_000, quantum_s=60, idle_release_s=30, min_hold_s=10)
+    c = core(kv=5_000, quantum_s=60, idle_release_s=30, min_hold_s=10, rotate_on="seat")
     a = dispatched(c.arrive(req(conv="A", tokens=4_000), 0.0))[0]
     c.finish(a.rid, Outcome(), 1.0)
     w = req(conv="W", tokens=4_000)
