@@ -39,8 +39,8 @@ def test_conversations_keep_their_backend_and_hit_its_cache(tmp_path: Path) -> N
                 served[c] |= {u for u in (t0, t1) if after[u] > before[u]}
                 usage = reply.usage
                 assert usage is not None and usage.prompt_tokens_details is not None
-                if turn:  # the whole previous prompt is served from the backend's cache
-                    assert usage.prompt_tokens_details.cached_tokens >= previous[c], (c, turn)
+                if turn:  # the whole previous prompt is served from the cache (to a 16-token page)
+                    assert usage.prompt_tokens_details.cached_tokens >= previous[c] - 16, (c, turn)
                 previous[c] = usage.prompt_tokens
                 messages += [{"role": "assistant", "content": reply.choices[0].message.content},
                              {"role": "user", "content": "tool result: " + "r" * 800}]
