@@ -81,3 +81,28 @@ def test_refusals_over_http_and_waiting_gets_no_bytes(tmp_path: Path) -> None:
     assert status == 429 and error["code"] == "queue_timeout" and int(headers["retry-after"]) >= 1
     assert 0.9 < took < 5
     assert results["running"][0] == 200 and results["running"][1].endswith(b"data: [DONE]\n\n")
+
+
+def test_dp_backend_turns_are_pinned_to_one_rank(tmp_path: Path) -> None:
+    """A DP-attention server keeps one cache per rank: turns of a conversation must reach the same rank
+    (``routed_dp_rank``), or the server's own round-robin would send them to a rank that holds nothing."""
+    with run_twin("b300-dp8-fp8", model=MODEL, time_scale=0.002) as twin:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(yaml.safe_dump({"models": {"kimi": {"upstream_model": MODEL,
+                                                            "backends": [{"url": twin, "dp_size": 8}]}}}))
+        with run_gateway("--config", str(cfg)) as base:
+            client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+            for c in range(4):
+                messages = [{"role": "user", "content": f"conversation {c}: " + "p" * 20_000}]
+                previous = 0
+                for turn in range(3):
+                    reply = client.chat.completions.create(model="kimi", messages=messages, max_tokens=8)
+                    usage = reply.usage
+                    assert usage is not None and usage.prompt_tokens_details is not None
+                    if turn:
+                        assert usage.prompt_tokens_details.cached_tokens >= previous - 64, (c, turn)
+                    previous = usage.prompt_tokens
+                    messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                                 {"role": "user", "content": "next " + "n" * 400}]
+        used = [load.num_running_reqs + load.extra.get("cached_tokens", 0) for load in twin_of(twin).engine.loads()]
+        assert sum(1 for u in used if u) >= 2, f"conversations spread over several ranks: {used}"
