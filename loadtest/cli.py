@@ -163,7 +163,7 @@ def loadtest(
 
 def demo(
     report: Path = typer.Option(Path("cachegate-report"), help="Report folder."),
-    conversations: str = typer.Option("4,8,16", help="Concurrency sweep."),
+    conversations: str = typer.Option("8,16,32", help="Concurrency sweep."),
     duration: float = typer.Option(20.0, help="Seconds per level and system."),
     backends: int = typer.Option(4, min=1, help="Simulated backends (tiny profile)."),
     think_scale: float = typer.Option(0.25, help="Multiply the agents' 2-8 s think times."),

@@ -33,7 +33,7 @@ THINK_SCALE = 0.25
 @dataclass
 class DemoConfig:
     report: Path = Path("cachegate-report")
-    levels: list[int] = field(default_factory=lambda: [4, 8, 16])
+    levels: list[int] = field(default_factory=lambda: [8, 16, 32])
     duration_s: float = 20.0
     backends: int = 4
     time_scale: float = 1.0
