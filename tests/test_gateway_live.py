@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -106,3 +107,34 @@ def test_dp_backend_turns_are_pinned_to_one_rank(tmp_path: Path) -> None:
                                  {"role": "user", "content": "next " + "n" * 400}]
         used = [load.num_running_reqs + load.extra.get("cached_tokens", 0) for load in twin_of(twin).engine.loads()]
         assert sum(1 for u in used if u) >= 2, f"conversations spread over several ranks: {used}"
+
+
+def test_client_that_leaves_while_waiting_gives_its_place_back(tmp_path: Path) -> None:
+    teams = {"default": {"max_concurrency": 1, "max_queue": 4, "queue_timeout_s": 30}}
+    admin = {"authorization": "Bearer t0ken"}
+    with run_twin("tiny", model=MODEL) as twin, \
+            run_gateway("--config", _config(tmp_path / "c.yaml", twin, teams=teams), "--admin-token", "t0ken") as base:
+        body = {"model": "kimi", "stream": True, "max_tokens": 400, "messages": [{"role": "user", "content": "x"}]}
+        started = threading.Event()
+
+        def hold() -> None:
+            with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as r:
+                started.set()
+                b"".join(r.iter_raw())
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert started.wait(10)
+        with httpx.Client(timeout=httpx.Timeout(30, read=0.5)) as impatient:
+            with contextlib.suppress(httpx.ReadTimeout):  # it waits half a second in the queue, then leaves
+                impatient.post(base + "/v1/chat/completions", json=body)
+        deadline = time.monotonic() + 1  # well before the holder's 400 tokens are done
+        while httpx.get(base + "/admin/teams/default", headers=admin).json()["waiting"] != 0:
+            assert time.monotonic() < deadline, "the request that left still holds a place in the queue"
+            time.sleep(0.05)
+        holder.join(30)
+        assert httpx.get(base + "/admin/teams/default", headers=admin).json()["inflight"] == 0
+        quick = httpx.post(base + "/v1/chat/completions", timeout=30,
+                           json={**body, "stream": False, "max_tokens": 4})
+        assert quick.status_code == 200, "nothing is left holding the team's only slot"
+        assert twin_of(twin).max_live == 1, "the request that left never reached the backend"
