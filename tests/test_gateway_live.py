@@ -125,9 +125,9 @@ def test_client_that_leaves_while_waiting_gives_its_place_back(tmp_path: Path) -
         holder = threading.Thread(target=hold)
         holder.start()
         assert started.wait(10)
-        with httpx.Client(timeout=httpx.Timeout(30, read=0.5)) as impatient:
-            with contextlib.suppress(httpx.ReadTimeout):  # it waits half a second in the queue, then leaves
-                impatient.post(base + "/v1/chat/completions", json=body)
+        # It waits half a second in the queue, then leaves.
+        with httpx.Client(timeout=httpx.Timeout(30, read=0.5)) as impatient, contextlib.suppress(httpx.ReadTimeout):
+            impatient.post(base + "/v1/chat/completions", json=body)
         deadline = time.monotonic() + 1  # well before the holder's 400 tokens are done
         while httpx.get(base + "/admin/teams/default", headers=admin).json()["waiting"] != 0:
             assert time.monotonic() < deadline, "the request that left still holds a place in the queue"
