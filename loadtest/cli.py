@@ -167,12 +167,14 @@ def demo(
     duration: float = typer.Option(20.0, help="Seconds per level and system."),
     backends: int = typer.Option(4, min=1, help="Simulated backends (tiny profile)."),
     think_scale: float = typer.Option(0.25, help="Multiply the agents' 2-8 s think times."),
+    sglang_router: str | None = typer.Option(
+        None, "--sglang-router", help="A Python with sglang-router installed: adds SGLang's router as a third system."),
 ) -> None:
     """Start simulated backends and the gateway, run a short sweep, write a report."""
     from loadtest.demo import DemoConfig, run_demo
 
     try:
         run_demo(DemoConfig(report=report, levels=_levels(conversations), duration_s=duration,
-                            backends=backends, think_scale=think_scale))
+                            backends=backends, think_scale=think_scale, sglang_router_python=sglang_router))
     except (RuntimeError, OSError) as exc:
         raise _fail(str(exc)) from None

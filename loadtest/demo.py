@@ -41,6 +41,9 @@ class DemoConfig:
     seed: int = 1
     startup_timeout_s: float = 30.0
     show_progress: bool = True
+    sglang_router_python: str | None = None
+    """A Python with ``sglang-router`` installed: adds SGLang's own router (``cache_aware``) in front of
+    the same backends as a third system (``pip install sglang-router`` in another virtualenv)."""
 
 
 def free_port() -> int:
@@ -56,10 +59,11 @@ class Processes:
         self.log_dir = log_dir
         self.procs: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+    def start(self, name: str, args: list[str], python: str = sys.executable, module: str = "gateway.cli"
+              ) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = (self.log_dir / f"{name}.log").open("wb")
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", *args], stdout=log,
+        proc = subprocess.Popen([python, "-m", module, *args], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         self.procs.append((name, proc))
@@ -129,6 +133,19 @@ def start_stack(cfg: DemoConfig, procs: Processes) -> tuple[list[str], str]:
     return urls, gateway
 
 
+def start_sglang_router(cfg: DemoConfig, procs: Processes, urls: list[str]) -> str:
+    """SGLang's router (``cache_aware``, its launcher's defaults) in front of the same backends."""
+    assert cfg.sglang_router_python
+    port, metrics = free_port(), free_port()
+    proc = procs.start("sglang-router", ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+                                         "--policy", "cache_aware", "--prometheus-host", "127.0.0.1",
+                                         "--prometheus-port", str(metrics), "--log-level", "warn"],
+                       python=cfg.sglang_router_python, module="sglang_router.launch_router")
+    router = f"http://127.0.0.1:{port}"
+    wait_ready(procs, "sglang-router", proc, f"{router}/readiness", cfg.startup_timeout_s)
+    return router
+
+
 def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
     """Run the demo; returns the report's index.html."""
     console = console or Console()
@@ -139,9 +156,12 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
         console.print(f"starting {cfg.backends} simulated SGLang backends (tiny) and the gateway…")
         urls, gateway = start_stack(cfg, procs)
         console.print(f"ready in {time.monotonic() - t0:.1f} s: gateway {gateway}, backends {', '.join(urls)}")
+        systems = [("gateway", [gateway]), ("direct", urls)]
+        if cfg.sglang_router_python:
+            systems.insert(1, ("sglang-router", [start_sglang_router(cfg, procs, urls)]))
         base = dict(model=MODEL, workload="coding-agent", duration_s=cfg.duration_s, seed=cfg.seed,
                     scale=SCALE, think_scale=cfg.think_scale * cfg.time_scale)
-        for system, targets in (("gateway", [gateway]), ("direct", urls)):
+        for system, targets in systems:
             live = LiveConfig(base_urls=targets, system=system, **base)  # type: ignore[arg-type]
             done = asyncio.run(sweep(live, cfg.levels, show_progress=cfg.show_progress,
                                      on_level=lambda _c: flush(urls), vary_seed=True))
