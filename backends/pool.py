@@ -10,7 +10,6 @@ A 4xx answer never counts against a backend (that is the request's fault).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from gateway.aio import cancel_and_wait
 from gateway.config import BackendConfig, Config
 from policies.breaker import STATE_CODE, Breaker
 from policies.types import BackendView
@@ -119,11 +119,7 @@ class BackendPool:
                        asyncio.create_task(self._load_loop(), name="pool-loads")]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     async def _health_loop(self) -> None:

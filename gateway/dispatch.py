@@ -7,11 +7,11 @@ resolves it. Everything a request takes here is given back through ``release`` o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from gateway.aio import cancel_and_wait
 from gateway.state import MemoryState, RedisState
 from policies.core import DecisionCore
 from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts
@@ -44,10 +44,7 @@ class Dispatcher:
     async def stop(self) -> None:
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
-        if self._ticker:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+        await cancel_and_wait([self._ticker])
 
     @property
     def waiting(self) -> int:

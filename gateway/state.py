@@ -32,6 +32,8 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.aio import cancel_and_wait
+
 log = logging.getLogger("cachegate.state")
 
 _ACQUIRE = """
@@ -143,11 +145,7 @@ class RedisState:
                        asyncio.create_task(self._listen(), name="redis-events")]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         with contextlib.suppress(RedisError):
             await self.redis.zrem(self._key("replicas"), self.replica)
             for rid, team in list(self.held.items()):
