@@ -488,7 +488,11 @@ class SeatedAdmission:
                     and used + grow > (cap * self.share if cap else float("inf"))):
                 continue  # keeps its seat; goes when an idle seat there can be released
             self._take(w)
-            decisions.append(self._dispatch(w, seat.slot, now, "prefix", {"seated": 1.0}))
+            scores = {"seated": 1.0}
+            matched = getattr(self.router, "matched_tokens", None)
+            if matched is not None:  # for traces: how much of this turn the backend should hold
+                scores["matched_tokens"] = float(matched(w.req, *seat.slot))
+            decisions.append(self._dispatch(w, seat.slot, now, "prefix", scores))
         # 2. New seats, in fair order; a head that does not fit blocks its model (no backfill).
         blocked: dict[str, Waiter] = {}
         while True:

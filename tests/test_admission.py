@@ -316,3 +316,19 @@ def test_random_events_keep_the_books(evts: list[tuple[str, int, int, str]]) -> 
             assert state.inflight == sum(1 for r in c.running.values() if r.waiter.req.team == name)
             assert state.inflight <= state.limits.max_concurrency
     assert all(v == 1 for v in ended.values())
+
+
+def test_seated_turn_reports_the_prefix_the_router_knows() -> None:
+    from policies.routers import MinTTFT
+
+    c = SeatedAdmission(MinTTFT(), params=SeatParams())
+    c.set_backends("m", [BackendView("b0", kv_tokens=1_000_000), BackendView("b1", kv_tokens=1_000_000)], 0.0)
+    first = RequestFacts(rid="t1", model="m", prompt_tokens=3000, max_output_tokens=10,
+                         fingerprint=tuple((k, 1000) for k in (11, 12, 13)))
+    d1 = dispatched(c.arrive(first, 0.0))[0]
+    c.finish("t1", Outcome(prompt_tokens=3000, completion_tokens=10), 1.0)
+    second = RequestFacts(rid="t2", model="m", prompt_tokens=4000, max_output_tokens=10,
+                          fingerprint=tuple((k, 1000) for k in (11, 12, 13, 14)))
+    d2 = dispatched(c.arrive(second, 2.0))[0]
+    assert d2.backend == d1.backend and d2.reason == "prefix"
+    assert d2.scores["matched_tokens"] == 3000.0

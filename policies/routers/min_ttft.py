@@ -394,6 +394,10 @@ class MinTTFT:
         return next(i for i in (position[s] for s in self._rendezvous.order(key, list(position)))
                     if load[i] + prompt <= bound)
 
+    def matched_tokens(self, req: RequestFacts, backend: str, rank: int | None) -> int:
+        """Tokens of ``req`` that ``backend`` (rank) probably holds, by this router's index."""
+        return self.index.matched_tokens((backend, rank or 0), req.fingerprint)
+
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
         slot = slot_of(decision)
         fp = req.fingerprint
