@@ -18,15 +18,17 @@ app.command("demo")(demo)
 
 @app.command("serve")
 def serve(
-    config: str | None = typer.Option(None, "--config", help="YAML configuration file (interfaces §6)."),
+    config: str | None = typer.Option(
+        None, "--config", help="YAML configuration file (annotated example: deploy/cachegate.example.yaml)."),
     backend: list[str] = typer.Option([], "--backend", help="Backend URL (repeatable); needs --model."),
     model: str | None = typer.Option(None, "--model", help="Model alias clients use (quick start)."),
     api_key: list[str] = typer.Option([], "--api-key", help="KEY or KEY=TEAM (repeatable)."),
-    host: str | None = typer.Option(None, "--host", help="Listen address [default: 127.0.0.1]."),
-    port: int | None = typer.Option(None, "--port", help="Listen port [default: 8080]."),
+    host: str | None = typer.Option(None, "--host", help="Listen address (default 127.0.0.1)."),
+    port: int | None = typer.Option(None, "--port", help="Listen port (default 8080)."),
     workers: int | None = typer.Option(None, "--workers", help="Worker processes (more than one needs Redis)."),
     redis_url: str | None = typer.Option(None, "--redis-url", help="Redis URL for shared state."),
-    policy: str | None = typer.Option(None, "--policy", help="Policy stack name."),
+    policy: str | None = typer.Option(
+        None, "--policy", help="Policy stack: gateway (default), direct, round-robin, least-load, sglang-cache-aware."),
     log_level: str | None = typer.Option(None, "--log-level", help="debug, info, warning, error."),
     admin_token: str | None = typer.Option(None, "--admin-token",
                                            help="Token for /admin/ (else $CACHEGATE_ADMIN_TOKEN; off if none)."),
