@@ -858,6 +858,28 @@ async def _last_traceparent(request: Request) -> Response:
 # ---- chat / completions / generate --------------------------------------------------------------
 
 
+async def _run(t: Twin, request: Request, body: dict[str, Any], plan: Any) -> tuple[Any, str, str, int, Any] | Response:
+    """Submit ``plan`` and wait for its first token, and for a non-streamed request its end:
+    ``(live, rid, model, created, finished event or None)``, or the response to send instead."""
+    stream = bool(body.get("stream"))
+    rid = str(body.get("rid") or uuid.uuid4().hex)
+    t.record_trace(rid, request)
+    try:
+        live = t.submit(rid, plan, stream)
+    except ApiError as e:
+        return _err(e)
+    model = str(body.get("model") or t.model)
+    created = int(time.time())
+    if await t.wait_or_disconnect(live.first, live, request) is None:
+        return Response(status_code=499)
+    done = None
+    if not stream:
+        done = await t.wait_or_disconnect(live.done, live, request)
+        if done is None:
+            return Response(status_code=499)
+    return live, rid, model, created, done
+
+
 async def _chat(request: Request) -> Response:
     t = _twin(request)
     try:
@@ -884,22 +906,11 @@ async def _chat(request: Request) -> Response:
         return _err(ApiError(str(e)))
     except ApiError as e:
         return _err(e)
-    stream = bool(body.get("stream"))
-    rid = str(body.get("rid") or uuid.uuid4().hex)
-    t.record_trace(rid, request)
-    try:
-        live = t.submit(rid, plan, stream)
-    except ApiError as e:
-        return _err(e)
-    model = str(body.get("model") or t.model)
-    created = int(time.time())
-    first = await t.wait_or_disconnect(live.first, live, request)
-    if first is None:
-        return Response(status_code=499)
-    if not stream:
-        done = await t.wait_or_disconnect(live.done, live, request)
-        if done is None:
-            return Response(status_code=499)
+    ran = await _run(t, request, body, plan)
+    if isinstance(ran, Response):
+        return ran
+    live, rid, model, created, done = ran
+    if done is not None:
         return _json(_chat_final(t, live, plan, done, rid, created, model))
     return StreamingResponse(
         _chat_stream(t, live, plan, rid, created, model, include_usage, continuous), media_type="text/event-stream"
@@ -1024,22 +1035,11 @@ async def _completions(request: Request) -> Response:
         include_usage, continuous = _stream_options(body)
     except ApiError as e:
         return _err(e)
-    stream = bool(body.get("stream"))
-    rid = str(body.get("rid") or uuid.uuid4().hex)
-    t.record_trace(rid, request)
-    try:
-        live = t.submit(rid, plan, stream)
-    except ApiError as e:
-        return _err(e)
-    model = str(body.get("model") or t.model)
-    created = int(time.time())
-    first = await t.wait_or_disconnect(live.first, live, request)
-    if first is None:
-        return Response(status_code=499)
-    if not stream:
-        ev = await t.wait_or_disconnect(live.done, live, request)
-        if ev is None:
-            return Response(status_code=499)
+    ran = await _run(t, request, body, plan)
+    if isinstance(ran, Response):
+        return ran
+    live, rid, model, created, ev = ran
+    if ev is not None:
         finish, matched = _finish(plan, ev)
         u = R.usage(
             ev.prompt_tokens or live.prompt_tokens, ev.completion_tokens, ev.cached_tokens, cache_report=t.cache_report
