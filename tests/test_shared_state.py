@@ -172,3 +172,24 @@ def test_admin_api_in_memory_and_off(twin: str, tmp_path: Path) -> None:
     with run_gateway("--config", cfg) as base:
         off = httpx.get(base + "/admin/state", headers={"authorization": "Bearer x"})
         assert off.status_code == 404 and off.json()["error"]["code"] == "admin_disabled"
+
+
+def test_without_redis_each_replica_enforces_its_share(twin: str, redis_server: RedisServer, tmp_path: Path) -> None:
+    cfg = config(tmp_path / "c.yaml", twin, redis_server.url)
+    with run_gateway("--config", cfg) as a, run_gateway("--config", cfg) as b:
+        deadline = time.monotonic() + 5
+        while httpx.get(a + "/readyz").json()["state"]["replicas"] != 2:  # both heartbeats seen
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        redis_server.stop()
+        for base in (a, b):
+            deadline = time.monotonic() + 8
+            while httpx.get(base + "/readyz").json()["state"]["mode"] != "degraded":
+                assert time.monotonic() < deadline, "the replica did not notice Redis was gone"
+                time.sleep(0.1)
+        twin_of(twin).max_live = 0
+        with ThreadPoolExecutor(16) as pool:
+            statuses = list(pool.map(lambda i: stream(a if i % 2 else b, 500 + i), range(16)))
+        assert statuses == [200] * 16, "requests are served without Redis"
+        seen = twin_of(twin).max_live
+        assert 2 <= seen <= 4, f"two replicas with half of the limit of 4 each let {seen} through at once"
