@@ -54,15 +54,7 @@ def chat_response(
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
     if tool_calls:
-        message["tool_calls"] = [
-            {
-                "id": c["id"],
-                "index": i,
-                "type": "function",
-                "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-            }
-            for i, c in enumerate(tool_calls)
-        ]
+        message["tool_calls"] = _tool_calls(tool_calls)
     return {
         "id": rid,
         "object": "chat.completion",
@@ -118,15 +110,7 @@ def chat_tool_call_chunk(
     rid: str, created: int, model: str, tool_calls: list[dict[str, Any]], usage_: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A ``ChatCompletionStreamResponse`` carrying ``delta.tool_calls`` (pydantic dump)."""
-    calls = [
-        {
-            "id": c["id"],
-            "index": i,
-            "type": "function",
-            "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-        }
-        for i, c in enumerate(tool_calls)
-    ]
+    calls = _tool_calls(tool_calls)
     return {
         "id": rid,
         "object": "chat.completion.chunk",
@@ -205,3 +189,16 @@ def completion_usage_chunk(rid: str, created: int, model: str, usage_: dict[str,
     """Dumped with ``exclude_none=True`` in 0.5.23."""
     u = {k: v for k, v in usage_.items() if v is not None}
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [], "usage": u}
+
+
+def _tool_calls(tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Kimi-style tool calls (``functions.NAME:i`` ids) in the OpenAI shape, with their index."""
+    return [
+        {
+            "id": c["id"],
+            "index": i,
+            "type": "function",
+            "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+        }
+        for i, c in enumerate(tool_calls)
+    ]
