@@ -314,6 +314,23 @@ def test_decode_step_time_follows_the_formula() -> None:
         expected += p.t0 + n / p.r_lin + p.k_attn * n * (c + n / 2)
         c += n
     assert first == pytest.approx(expected, rel=1e-9)
+    assert p.solo_prefill_s(u, 0) == pytest.approx(first, rel=1e-9)
+
+
+def test_solo_prefill_on_a_dp_rank_matches_the_engine_with_a_cached_prefix() -> None:
+    p = get_profile("b300-dp8-fp8")
+    e = Engine(p)
+    history = blocks(140_032, 64)
+    e.submit(EngineRequest("t1", history, 1, 1, dp_rank=3), 0.0)
+    run(e)
+    turn = [*history, default_output_block(history, "t1", 0), *blocks(2_496, 64)]
+    t0 = 100.0
+    e.submit(EngineRequest("t2", turn, 1, 1, dp_rank=3), t0)
+    first = by_kind(run(e), "first_token")["t2"]
+    assert first.cached_tokens == 140_032
+    assert first.time - t0 == pytest.approx(p.solo_prefill_s(2_496, 140_032), rel=1e-9)
+    # all 64 heads on one GPU: the same turn on TP8 is several times faster
+    assert p.solo_prefill_s(2_496, 140_032) > 4 * get_profile("b300-tp8-fp8").solo_prefill_s(2_496, 140_032)
 
 
 def test_lpm_prefers_longest_cached_prefix() -> None:

@@ -118,6 +118,18 @@ class Profile:
     kv_bytes_per_token_per_gpu: int = 0
     doc: str = field(default="", compare=False, repr=False)
 
+    def solo_prefill_s(self, u: int, c: int) -> float:
+        """Prefill time of ``u`` new tokens on top of ``c`` cached ones, alone on an idle rank: the
+        engine's chunked passes (``chunked_prefill_size`` each) with nothing else in them. No
+        routing or admission can give a request a smaller time to first token."""
+        t = 0.0
+        while u > 0:
+            n = min(u, self.chunked_prefill_size)
+            t += (self.t0 + n / self.r_lin + self.k_attn * n * (c + n / 2)) / self.prefill_efficiency
+            c += n
+            u -= n
+        return t
+
     def with_(self, **changes: object) -> Profile:
         return replace(self, **changes)  # type: ignore[arg-type]
 
