@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from gateway.aio import cancel_and_wait
-from gateway.config import BackendConfig, Config
+from backends.aio import cancel_and_wait
+from backends.config import BackendConfig, PoolConfig
 from policies.breaker import STATE_CODE, Breaker
 from policies.types import BackendView
 
@@ -78,7 +78,7 @@ Listener = Callable[[str, list[BackendView]], None]
 
 
 class BackendPool:
-    def __init__(self, config: Config, client: httpx.AsyncClient) -> None:
+    def __init__(self, config: PoolConfig, client: httpx.AsyncClient) -> None:
         self.config = config
         self.client = client
         self.models: dict[str, list[Backend]] = {

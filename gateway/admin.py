@@ -4,7 +4,8 @@ time, see queues and in-flight work. Off unless an admin token is configured; ev
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
@@ -16,9 +17,8 @@ from starlette.routing import Route
 from gateway.auth import check_token
 from gateway.config import TeamConfig
 from gateway.errors import GatewayError
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
+from gateway.worker import Gateway
+from policies.teams import TeamLimits
 
 TEAM_FIELDS = set(TeamConfig.model_fields)
 
@@ -33,11 +33,45 @@ def _authorize(gw: Gateway, request: Request) -> None:
         raise GatewayError(401, "Missing or wrong admin token.", "invalid_admin_token")
 
 
+# ----- views ---------------------------------------------------------------------------------------
+
+def team_limits(gw: Gateway, name: str) -> dict[str, Any]:
+    """The limits in force for team ``name`` (runtime changes over the config's, or the default's)."""
+    state = gw.core.teams.get(name)
+    limits = gw.core.limits.get(name)
+    if limits is None and state is not None:
+        limits = state.limits
+    if limits is None:
+        cfg = gw.config.teams.get(name) or gw.config.teams["default"]
+        return cfg.model_dump()
+    return describe_limits(limits)
+
+
+def team_view(gw: Gateway, name: str) -> dict[str, Any]:
+    state = gw.core.teams.get(name)
+    return {"team": name, "limits": team_limits(gw, name),
+            "inflight": state.inflight if state else 0, "waiting": state.waiting if state else 0}
+
+
+def state_view(gw: Gateway) -> dict[str, Any]:
+    backends = {b.name: {"model": b.model, "healthy": b.healthy, "running": b.running, "waiting": b.waiting,
+                         "token_usage": b.token_usage, "max_total_num_tokens": b.max_total_num_tokens}
+                for b in (gw.pool.all() if gw.pool else [])}
+    return {"policy": gw.config.policy, "state": gw.state.status(), "core": gw.core.snapshot(),
+            "backends": backends, "waiting": gw.dispatcher.waiting}
+
+
+def describe_limits(limits: TeamLimits) -> dict[str, Any]:
+    return {f: v for f, v in dataclasses.asdict(limits).items() if f in TEAM_FIELDS}
+
+
+# ----- routes --------------------------------------------------------------------------------------
+
 def routes(gw: Gateway) -> list[Route]:
     async def get_team(request: Request) -> Response:
         _authorize(gw, request)
         name = request.path_params["team"]
-        return JSONResponse(gw.team_view(name))
+        return JSONResponse(team_view(gw, name))
 
     async def put_team(request: Request) -> Response:
         _authorize(gw, request)
@@ -52,7 +86,7 @@ def routes(gw: Gateway) -> list[Route]:
         if unknown:
             raise GatewayError(400, f"Unknown team field(s): {', '.join(unknown)}; known: "
                                     f"{', '.join(sorted(TEAM_FIELDS))}.", "invalid_request", unknown[0])
-        current = gw.team_limits(name)
+        current = team_limits(gw, name)
         try:
             merged = TeamConfig.model_validate({**current, **body})
         except ValidationError as exc:
@@ -64,11 +98,11 @@ def routes(gw: Gateway) -> list[Route]:
         except (RedisError, OSError) as exc:
             raise GatewayError(503, f"Could not store the change in Redis: {type(exc).__name__}.",
                                "state_unavailable") from None
-        return JSONResponse(gw.team_view(name))
+        return JSONResponse(team_view(gw, name))
 
     async def state(request: Request) -> Response:
         _authorize(gw, request)
-        return JSONResponse(gw.state_view())
+        return JSONResponse(state_view(gw))
 
     return [
         Route("/admin/teams/{team}", get_team, methods=["GET"]),
@@ -76,6 +110,3 @@ def routes(gw: Gateway) -> list[Route]:
         Route("/admin/state", state, methods=["GET"]),
     ]
 
-
-def describe_limits(limits: Any) -> dict[str, Any]:
-    return {f: getattr(limits, f) for f in TEAM_FIELDS}

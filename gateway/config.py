@@ -6,58 +6,23 @@ Precedence, highest first: command-line flags, ``CACHEGATE_*`` environment varia
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# The pool's part of the configuration lives with the pool (backends/ sits below gateway/).
+from backends.config import BackendConfig as BackendConfig
+from backends.config import HealthConfig as HealthConfig
+from backends.config import ModelConfig as ModelConfig
+from backends.config import _Strict
 
 
 class ListenConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
-
-
-class BackendConfig(_Strict):
-    url: str
-    name: str | None = None
-    """Defaults to host:port of the url."""
-    dp_size: int = Field(1, ge=1)
-    """Data-parallel attention ranks behind this URL (SGLang ``--dp N --enable-dp-attention``)."""
-    api_key: str | None = None
-    """Key sent upstream as ``Authorization: Bearer`` (SGLang ``--api-key``); client keys never are."""
-    api_key_env: str | None = None
-    """Name of an environment variable holding the upstream key (preferred over ``api_key``)."""
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError(f"backend url must start with http:// or https://, got {v!r}")
-        return v.rstrip("/")
-
-    @model_validator(mode="after")
-    def _name(self) -> BackendConfig:
-        if not self.name:
-            self.name = self.url.split("://", 1)[1].split("/", 1)[0]
-        return self
-
-    def upstream_key(self) -> str | None:
-        if self.api_key_env:
-            return os.environ.get(self.api_key_env) or self.api_key
-        return self.api_key
-
-
-class ModelConfig(_Strict):
-    upstream_model: str | None = None
-    """The served model name upstream; defaults to the alias."""
-    backends: list[BackendConfig] = Field(default_factory=list)
 
 
 class TeamConfig(_Strict):
@@ -103,13 +68,6 @@ class UpstreamConfig(_Strict):
     """Send an SSE comment after this much upstream silence (0: never), so ingress idle timeouts hold."""
 
 
-class HealthConfig(_Strict):
-    interval_s: float = Field(2.0, gt=0)
-    timeout_s: float = Field(5.0, gt=0)
-    load_interval_s: float = Field(1.0, gt=0)
-    failures_to_eject: int = Field(2, ge=1)
-
-
 class AdmissionConfig(_Strict):
     """Seat parameters of the ``gateway`` stack (policies/admission.py documents each)."""
 
@@ -140,6 +98,8 @@ class Config(_Strict):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     workers: int = Field(1, ge=1)
     log_level: str = "info"
+    access_log: Literal["text", "json", "off"] = "text"
+    """One line per HTTP request on the logger ``cachegate.access``: key=value text, bare JSON, or none."""
 
     @field_validator("policy")
     @classmethod

@@ -33,8 +33,8 @@ class Dispatcher:
         self._waiting: dict[str, asyncio.Future[Decision]] = {}
         self._ticker: asyncio.Task[None] | None = None
         self.on_decision: Callable[[Decision], None] | None = None
-        # Team leases exist only where the core has team limits (the admission stacks).
-        self._leases = hasattr(core, "requeue") and self.state.shared
+        # Team leases exist only where the core keeps team limits (the admission stacks).
+        self._leases = "team" in core.hooks and self.state.shared
         self._teams: dict[str, str] = {}
         self._pending: set[asyncio.Task[None]] = set()
 
@@ -75,10 +75,11 @@ class Dispatcher:
             # Another replica holds the team's slots: wait again, woken by a release anywhere.
             future = asyncio.get_running_loop().create_future()
             self._waiting[facts.rid] = future
-            self._apply(self.core.requeue(facts.rid, self.clock()))  # type: ignore[attr-defined]
+            self._apply(self.core.requeue(facts.rid, self.clock()))
 
     async def _lease(self, facts: RequestFacts) -> bool:
-        limit = self.core.team(facts.team, self.clock()).limits.max_concurrency  # type: ignore[attr-defined]
+        team = self.core.team(facts.team, self.clock())
+        limit = team.limits.max_concurrency if team is not None else 0
         try:
             ok = await self.state.acquire(facts.team, facts.rid, limit)
         except asyncio.CancelledError:
@@ -95,12 +96,10 @@ class Dispatcher:
         task.add_done_callback(self._pending.discard)
 
     def wake(self, team: str) -> None:
-        self._apply(self.core.wake(team, self.clock()))  # type: ignore[attr-defined]
+        self._apply(self.core.wake(team, self.clock()))
 
     def set_share(self, share: float, split: bool) -> None:
-        set_share = getattr(self.core, "set_share", None)
-        if set_share is not None:
-            self._apply(set_share(share, split, self.clock()))
+        self._apply(self.core.set_share(share, split, self.clock()))
 
     def retry(self, rid: str, failed_backend: str) -> Dispatch | Refuse:
         decisions = self.core.retry(rid, failed_backend, self.clock())

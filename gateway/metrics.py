@@ -99,6 +99,9 @@ class Metrics:
         r = self.registry
         self.requests = Counter("cachegate_requests", "Requests answered, by status code.",
                                 ["team", "model", "backend", "status"], registry=r)
+        self.http_requests = Counter("cachegate_http_requests",
+                                     "Every HTTP request, by method, route template (or unknown) and status.",
+                                     ["method", "route", "status"], registry=r)
         self.ttft = Histogram("cachegate_ttft_seconds", "Time to first generated token, from arrival.",
                               ["team", "model", "backend"], buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("cachegate_inter_token_latency_seconds",

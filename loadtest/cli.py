@@ -14,11 +14,6 @@ from backends.sim.profiles import PROFILES
 from policies import registry
 
 
-def _names(attr: str) -> str:
-    fn = getattr(registry, attr, None)
-    return ", ".join(fn()) if callable(fn) else "none registered yet"
-
-
 def _levels(spec: str) -> list[int]:
     try:
         levels = [int(x) for x in spec.split(",") if x.strip()]
@@ -49,8 +44,9 @@ def simulate(
     backends: int = typer.Option(1, min=1, help="Number of servers."),
     policy: str = typer.Option("direct", help=f"Policy stack: {', '.join(registry.names())}."),
     admission: str | None = typer.Option(None, help="Override the stack's admission half "
-                                                     f"({_names('admission_names')})."),
-    routing: str | None = typer.Option(None, help=f"Override the stack's routing half ({_names('routing_names')})."),
+                                                     f"({', '.join(registry.admission_names())})."),
+    routing: str | None = typer.Option(None, help="Override the stack's routing half "
+                                                  f"({', '.join(registry.routing_names())})."),
     workload: str = typer.Option("coding-agent", help="coding-agent | trace:PATH (Mooncake format)."),
     conversations: str = typer.Option("8,16,32,48,64", help="Concurrent conversations; a list is a sweep."),
     teams: str | None = typer.Option(None, help="NAME:N,NAME:N conversations per team (instead of "

@@ -329,27 +329,13 @@ def build_core(policy: str, admission: str | None = None, routing: str | None = 
                config: dict | None = None) -> DecisionCore:
     """The decision core for ``--policy`` with optional ``--admission`` / ``--routing`` overrides.
 
-    Overrides are passed to ``policies.registry.build(policy, admission=..., routing=...)`` once the
-    registry accepts them; until then naming one is an error that says so. ``config`` (the
-    ``--config`` file's content) goes to ``core.configure(config)`` when the core has it (team
-    limits arrive with admission control; until then it is accepted and ignored).
+    ``config`` (the ``--config`` file's content) goes to ``core.configure(config)`` (a core without
+    team limits ignores it).
     """
-    import inspect
-
     from policies import registry
 
-    kwargs: dict[str, str] = {}
-    if admission is not None:
-        kwargs["admission"] = admission
-    if routing is not None:
-        kwargs["routing"] = routing
-    params = inspect.signature(registry.build).parameters
-    missing = [k for k in kwargs if k not in params]
-    if missing:
-        raise ValueError(f"--{missing[0]} is not supported by this build (no {missing[0]} overrides "
-                         f"registered yet); policies: {', '.join(registry.names())}")
-    core = registry.build(policy, **kwargs)
-    if config is not None and hasattr(core, "configure"):
+    core = registry.build(policy, routing=routing, admission=admission)
+    if config is not None:
         core.configure(config)
     return core
 

@@ -46,11 +46,14 @@ Figures behind these choices: docs/benchmarks.md.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from policies.core import DecisionCore, Hook
 from policies.routing import Router
 from policies.teams import UNLIMITED, TeamLimits, TeamState
 from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts
@@ -111,6 +114,7 @@ class Placement:
     slot: Slot
     reason: str
     scores: dict[str, float]
+    matched_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -118,8 +122,11 @@ class _Model:
     views: dict[str, BackendView] = field(default_factory=dict)
 
 
-class SeatedAdmission:
+class SeatedAdmission(DecisionCore):
     """The ``gateway`` decision core: team limits, fair queue, seats (see the module docstring)."""
+
+    hooks: ClassVar[frozenset[Hook]] = frozenset(
+        {"configure", "set_team", "set_share", "wake", "requeue", "team", "snapshot"})
 
     def __init__(self, router: Router, teams: Mapping[str, TeamLimits] | None = None,
                  default_team: TeamLimits = UNLIMITED, params: SeatParams | None = None,
@@ -289,7 +296,7 @@ class SeatedAdmission:
         place = self._place(retried, now)
         if place is None:
             return [Refuse(rid, "no_healthy_backend", "no other backend can take this request now", 5.0, 503)]
-        return [self._dispatch(retried, place.slot, now, "retry", place.scores)]
+        return [self._dispatch(retried, place.slot, now, "retry", place.scores, place.matched_tokens)]
 
     def _undo(self, rid: str, now: float) -> Running | None:
         """Take back a dispatch that never reached its backend: counters, charge, the seat's use."""
@@ -415,7 +422,7 @@ class SeatedAdmission:
         if choice is not None:
             slot = (choice.backend, choice.rank if entry.views[choice.backend].dp_size > 1 else None)
             if slot in fitting:
-                return Placement(slot, choice.reason, choice.scores)
+                return Placement(slot, choice.reason, choice.scores, choice.matched_tokens)
             same = [s for s in fitting if s[0] == choice.backend]
             if same:  # the router's backend, on a rank that has room
                 return Placement(min(same, key=lambda s: self.reserved.get(s, 0)), choice.reason, choice.scores)
@@ -426,8 +433,8 @@ class SeatedAdmission:
         self.reserved[seat.slot] = self.reserved.get(seat.slot, 0) - seat.tokens + tokens
         return tokens
 
-    def _dispatch(self, w: Waiter, slot: Slot, now: float, reason: str, scores: dict[str, float] | None = None
-                  ) -> Dispatch:
+    def _dispatch(self, w: Waiter, slot: Slot, now: float, reason: str, scores: dict[str, float] | None = None,
+                  matched_tokens: int | None = None) -> Dispatch:
         team = self.team(w.req.team, now)
         seat = self.seats.get(w.key)
         if seat is None or seat.slot != slot:
@@ -450,7 +457,7 @@ class SeatedAdmission:
         team.inflight += 1
         team.dispatched(now)
         self.running[w.req.rid] = Running(w, slot, charged)
-        decision = Dispatch(w.req.rid, slot[0], slot[1], reason, scores or {})
+        decision = Dispatch(w.req.rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
         self.router.dispatched(w.req, decision, now)
         return decision
 
@@ -489,10 +496,10 @@ class SeatedAdmission:
                 continue  # keeps its seat; goes when an idle seat there can be released
             self._take(w)
             scores = {"seated": 1.0}
-            matched = getattr(self.router, "matched_tokens", None)
+            matched = self.router.matched_tokens(w.req, *seat.slot)
             if matched is not None:  # for traces: how much of this turn the backend should hold
-                scores["matched_tokens"] = float(matched(w.req, *seat.slot))
-            decisions.append(self._dispatch(w, seat.slot, now, "prefix", scores))
+                scores["matched_tokens"] = float(matched)
+            decisions.append(self._dispatch(w, seat.slot, now, "prefix", scores, matched))
         # 2. New seats, in fair order; a head that does not fit blocks its model (no backfill).
         blocked: dict[str, Waiter] = {}
         while True:
@@ -509,7 +516,7 @@ class SeatedAdmission:
                 blocked[w.req.model] = w
                 continue
             self._take(w)
-            decisions.append(self._dispatch(w, place.slot, now, place.reason, place.scores))
+            decisions.append(self._dispatch(w, place.slot, now, place.reason, place.scores, place.matched_tokens))
         return decisions
 
     def _take(self, w: Waiter) -> None:
@@ -556,6 +563,4 @@ class SeatedAdmission:
 
 
 def _with_exclude(req: RequestFacts, backend: str) -> RequestFacts:
-    fields = {name: getattr(req, name) for name in req.__slots__}
-    fields["exclude"] = req.exclude | {backend}
-    return RequestFacts(**fields)
+    return dataclasses.replace(req, exclude=req.exclude | {backend})

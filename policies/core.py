@@ -3,54 +3,134 @@
 It takes events with the time passed in and answers with decisions (``Dispatch``, ``Refuse``).
 The gateway drives it from asyncio (a waiting request holds a future that a decision resolves);
 the simulator drives the very same object from its event loop.
+
+The contract is the base class ``DecisionCore``: seven events every core handles (abstract), and
+optional hooks whose defaults do nothing (as SGLang's router trait). A core names the hooks it
+implements in ``hooks``; callers never probe a core for a method. ``tests/policies`` checks that
+each registered core's ``hooks`` is exactly the set of hooks it overrides.
+
+| event | sent by | when |
+| --- | --- | --- |
+| ``set_backends`` | pool (gateway), simulator | a backend's health, load or capacity changed |
+| ``arrive`` | request path, simulator | a request arrived |
+| ``first_token`` | relay, simulator | the engine produced the request's first token |
+| ``finish`` | request path, simulator | a dispatched request ended (``Outcome``) |
+| ``cancel`` | dispatcher | a request still waiting left (its client went away) |
+| ``retry`` | upstream attempts | a dispatch failed before anything reached the backend |
+| ``tick`` | dispatcher, simulator | time passed |
+| hook ``configure`` | gateway start, simulator | team limits and admission parameters from the config |
+| hook ``set_team`` | admin API, shared state | a team's limits changed at run time |
+| hook ``set_share`` | shared state | this replica's share of the limits changed |
+| hook ``wake`` | shared state | a team lease was released on some replica |
+| hook ``requeue`` | dispatcher | a dispatch could not take its team lease: wait again |
+| query ``team`` / ``teams`` / ``limits`` | dispatcher (lease size), admin API | team counters and limits |
+| query ``snapshot`` | admin API | the core's state, for people |
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import ClassVar, Literal
 
 from policies.routing import Router
-from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts
+from policies.teams import TeamLimits, TeamState
+from policies.types import BackendView, Decision, Outcome, Refuse, RequestFacts
+
+Hook = Literal["configure", "set_team", "set_share", "wake", "requeue", "team", "snapshot"]
+"""The optional hooks of ``DecisionCore`` (each has a no-op default)."""
+
+HOOKS: tuple[Hook, ...] = ("configure", "set_team", "set_share", "wake", "requeue", "team", "snapshot")
 
 
-class DecisionCore(Protocol):
+class DecisionCore(ABC):
+    """The contract between the decision core and whoever drives it (gateway or simulator)."""
+
     name: str
+    hooks: ClassVar[frozenset[Hook]] = frozenset()
+    """The optional hooks this core implements; the others are the no-op defaults below."""
+    teams: Mapping[str, TeamState] = MappingProxyType({})
+    """Counters of the teams this core has seen (empty: the core keeps no team state)."""
+    limits: Mapping[str, TeamLimits] = MappingProxyType({})
+    """Team limits in force, by team (runtime changes included); teams not listed get the default."""
 
+    # ----- events every core handles --------------------------------------------------------------
+
+    @abstractmethod
     def set_backends(self, model: str, backends: Sequence[BackendView], now: float) -> list[Decision]:
         """The pool's view of ``model``'s backends changed (health, load, capacity)."""
-        ...
 
+    @abstractmethod
     def arrive(self, req: RequestFacts, now: float) -> list[Decision]:
         """A request arrived; decisions may concern it or others."""
-        ...
 
-    def first_token(self, rid: str, now: float) -> list[Decision]: ...
+    @abstractmethod
+    def first_token(self, rid: str, now: float) -> list[Decision]:
+        """The engine produced ``rid``'s first token (its prefill is done)."""
 
+    @abstractmethod
     def finish(self, rid: str, outcome: Outcome, now: float) -> list[Decision]:
         """A dispatched request ended (completed, failed or cancelled by its client)."""
-        ...
 
+    @abstractmethod
     def cancel(self, rid: str, now: float) -> list[Decision]:
         """A request that has not been dispatched left (its client went away)."""
-        ...
 
+    @abstractmethod
     def retry(self, rid: str, failed_backend: str, now: float) -> list[Decision]:
         """A dispatch failed before anything reached the backend: route once more, elsewhere."""
-        ...
 
+    @abstractmethod
     def tick(self, now: float) -> list[Decision]:
         """Time passed: expire waits, hand out freed seats."""
-        ...
+
+    # ----- optional hooks (no-op defaults; a core lists those it implements in ``hooks``) ---------
+
+    def configure(self, config: Mapping[str, object]) -> None:
+        """Team limits and admission parameters from a config mapping: ``teams: {name: {...}}`` (the
+        ``default`` entry applies to teams not listed) and ``admission: {...}``. Default: ignored."""
+        return None
+
+    def set_team(self, name: str, limits: TeamLimits, now: float = 0.0) -> None:
+        """Change a team's limits at run time. Default: ignored (the core has no team limits)."""
+        return None
+
+    def set_share(self, share: float, split_concurrency: bool, now: float) -> list[Decision]:
+        """This replica's share (1 / live replicas) of the limits; ``split_concurrency`` when team
+        concurrency must be split too (Redis unreachable). Default: ignored."""
+        return []
+
+    def wake(self, team: str, now: float) -> list[Decision]:
+        """A lease of ``team`` was released somewhere: its requeued requests may try again."""
+        return []
+
+    def requeue(self, rid: str, now: float) -> list[Decision]:
+        """A dispatch could not take its team lease: the request waits again. Only sent to a core
+        whose ``team`` answers (a core without team limits takes no leases)."""
+        return []
+
+    def team(self, name: str, now: float) -> TeamState | None:
+        """Team ``name``'s counters and limits; None when the core keeps no team limits (then the
+        gateway takes no team leases for it)."""
+        return None
+
+    def snapshot(self) -> dict[str, object]:
+        """The core's state for the admin API (``/admin/state``)."""
+        return {}
 
 
-class PassThroughCore:
+class PassThroughCore(DecisionCore):
     """No admission: every request is routed the moment it arrives.
 
     This is the ``direct``, ``round-robin``, ``least-load`` and ``sglang-cache-aware`` stacks:
     the decision is the router's alone, and a request waits only inside the engine.
     Refuses with ``no_healthy_backend`` (503) when the model has no healthy backend.
+    Hooks: none (no team limits, no shared state).
     """
+
+    hooks: ClassVar[frozenset[Hook]] = frozenset()
 
     def __init__(self, router: Router, name: str | None = None) -> None:
         self.router = router
@@ -69,7 +149,7 @@ class PassThroughCore:
             return [Refuse(req.rid, "no_healthy_backend", f"no healthy backend for model '{req.model}'",
                            retry_after_s=5.0, status=503)]
         if reason is not None:
-            choice = Dispatch(choice.rid, choice.backend, choice.rank, reason, choice.scores)
+            choice = dataclasses.replace(choice, reason=reason)
         self._inflight[req.rid] = (choice.backend, req)
         self.router.dispatched(req, choice, now)
         return [choice]
@@ -98,8 +178,7 @@ class PassThroughCore:
             return []
         backend, req = entry
         self.router.finished(rid, backend, Outcome(ok=False, reached_backend=False), now)
-        retried = RequestFacts(**{**{f: getattr(req, f) for f in req.__slots__},
-                                  "exclude": req.exclude | {failed_backend}})
+        retried = dataclasses.replace(req, exclude=req.exclude | {failed_backend})
         return self._route(retried, now, reason="retry")
 
     def tick(self, now: float) -> list[Decision]:

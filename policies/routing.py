@@ -6,33 +6,41 @@ it learns in memory, and never does I/O. The live gateway and the simulator call
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Protocol
 
 from policies.types import BackendView, Dispatch, Outcome, RequestFacts
 
 
-class Router(Protocol):
+class Router(ABC):
+    """The routing contract: ``route`` is required; the other hooks default to doing nothing."""
+
     name: str
 
+    @abstractmethod
     def route(self, req: RequestFacts, backends: Sequence[BackendView], now: float) -> Dispatch | None:
-        """Pick a backend (and rank) among ``backends`` (all healthy, not excluded); None if none fits."""
-        ...
+        """Pick a backend (and rank) among ``backends`` (all healthy, not excluded); None if none fits.
+        A router that knows how much of the prompt the pick holds says so in ``Dispatch.matched_tokens``."""
 
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
         """``req`` was sent per ``decision`` (count its work now, not at the next load poll)."""
-        ...
+        return None
 
     def first_token(self, rid: str, now: float) -> None:
         """The engine produced ``rid``'s first token (prefill done: learn the prefill rate)."""
-        ...
+        return None
 
     def finished(self, rid: str, backend: str, outcome: Outcome, now: float) -> None:
         """Learn from a request that ended on ``backend`` (insert its prefix, free its load)."""
-        ...
+        return None
+
+    def matched_tokens(self, req: RequestFacts, backend: str, rank: int | None) -> int | None:
+        """Tokens of ``req``'s prompt this router believes ``backend`` (``rank``) holds; None when the
+        router keeps no prefix index. Admission asks it for a turn that goes to its seat unrouted."""
+        return None
 
 
-class RoundRobin:
+class RoundRobin(Router):
     """Plain round-robin over healthy backends.
 
     Formula: the i-th routed request goes to ``healthy[i mod n]``; with ``over_ranks`` the cycle
@@ -59,12 +67,3 @@ class RoundRobin:
         backend = backends[self._next % len(backends)]
         self._next += 1
         return Dispatch(req.rid, backend.name, None, reason="least_wait")
-
-    def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
-        return None
-
-    def first_token(self, rid: str, now: float) -> None:
-        return None
-
-    def finished(self, rid: str, backend: str, outcome: Outcome, now: float) -> None:
-        return None

@@ -52,6 +52,9 @@ class Dispatch:
     rank: int | None = None
     reason: str = "least_wait"
     scores: dict[str, float] = field(default_factory=dict)
+    """What the router weighed (span attributes ``cachegate.route.score.*``)."""
+    matched_tokens: int | None = None
+    """Tokens of the prompt the router believes the chosen backend (rank) holds; None: unknown."""
 
 
 RefusalCode = Literal["team_queue_full", "queue_timeout", "team_token_rate", "no_healthy_backend"]

@@ -28,9 +28,9 @@ def slot_of(decision: Dispatch) -> Slot:
 
 
 def make_dispatch(rid: str, slot: Slot, view: BackendView, reason: str,
-                  scores: dict[str, float] | None = None) -> Dispatch:
+                  scores: dict[str, float] | None = None, matched_tokens: int | None = None) -> Dispatch:
     """The decision for ``slot``; the rank is named only for a DP backend."""
-    return Dispatch(rid, slot[0], slot[1] if view.dp_size > 1 else None, reason, scores or {})
+    return Dispatch(rid, slot[0], slot[1] if view.dp_size > 1 else None, reason, scores or {}, matched_tokens)
 
 
 def slot_label(slot: Slot) -> str:

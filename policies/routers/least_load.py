@@ -6,10 +6,11 @@ import random
 from collections.abc import Sequence
 
 from policies.routers.base import Inflight, make_dispatch, slot_of, slots_of
+from policies.routing import Router
 from policies.types import BackendView, Dispatch, Outcome, RequestFacts
 
 
-class LeastLoad:
+class LeastLoad(Router):
     """Fewest in-flight requests, per (backend, DP rank).
 
     Formula: pick ``argmin_s inflight(s)`` over every rank of every candidate backend, where
@@ -36,9 +37,6 @@ class LeastLoad:
 
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
         self._inflight.add(req.rid, slot_of(decision))
-
-    def first_token(self, rid: str, now: float) -> None:
-        return None
 
     def finished(self, rid: str, backend: str, outcome: Outcome, now: float) -> None:
         self._inflight.remove(rid)

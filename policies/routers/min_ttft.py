@@ -10,6 +10,7 @@ from itertools import pairwise
 
 from policies.prefix_index import PrefixIndex, cumulative_tokens
 from policies.routers.base import Inflight, Rendezvous, Slot, make_dispatch, slot_label, slot_of, slots_of, stable_hash
+from policies.routing import Router
 from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts
 
 
@@ -187,7 +188,7 @@ class _SlotState:
     """Requests dispatched here that have no first token yet."""
 
 
-class MinTTFT:
+class MinTTFT(Router):
     """Minimum expected time to first token, with a load gate and replica-stable cold placement.
 
     For each candidate slot s (a backend, or one DP rank of it) and a request of P prompt tokens:
@@ -365,7 +366,7 @@ class MinTTFT:
                   "expected_ttft_s": ttft[chosen], "wait_s": waits[chosen], "candidates": float(count)}
         for i in sorted(range(count), key=ttft.__getitem__)[:8]:
             scores[f"ttft_s:{slot_label(slots[i][0])}"] = ttft[i]
-        return make_dispatch(req.rid, slot, view, reason, scores)
+        return make_dispatch(req.rid, slot, view, reason, scores, matched[chosen])
 
     @staticmethod
     def _key(fp: Fingerprint, common_blocks: int, req: RequestFacts) -> int:

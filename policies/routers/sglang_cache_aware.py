@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from policies.routers.base import Inflight, Slot, make_dispatch, slot_of, slots_of
+from policies.routing import Router
 from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts
 
 CHARS_PER_TOKEN = 4
@@ -115,7 +116,7 @@ def _tenant(slot: Slot, view: BackendView) -> str:
     return f"{slot[0]}@{slot[1]}" if view.dp_size > 1 else slot[0]
 
 
-class SglangCacheAware:
+class SglangCacheAware(Router):
     """The SGLang router's ``cache_aware`` rule, as sglang-router 0.3.2's launcher configures it.
 
     Formula, per request, over the candidate workers in list order (a worker = a backend, or one
@@ -210,9 +211,6 @@ class SglangCacheAware:
             tenant = decision.backend if decision.rank is None else f"{decision.backend}@{decision.rank}"
             self.trees.setdefault(model, ApproxTree()).insert(fp, tenant)
         self._inflight.add(req.rid, slot_of(decision))
-
-    def first_token(self, rid: str, now: float) -> None:
-        return None
 
     def finished(self, rid: str, backend: str, outcome: Outcome, now: float) -> None:
         self._insert.pop(rid, None)

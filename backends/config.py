@@ -1,0 +1,73 @@
+"""The pool's part of the configuration: backends per model alias, and how they are checked.
+
+``gateway/config.py`` builds the whole service configuration from these types; the pool
+(``backends/pool.py``) needs only ``PoolConfig``, so ``backends/`` never imports ``gateway/``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BackendConfig(_Strict):
+    url: str
+    name: str | None = None
+    """Defaults to host:port of the url."""
+    dp_size: int = Field(1, ge=1)
+    """Data-parallel attention ranks behind this URL (SGLang ``--dp N --enable-dp-attention``)."""
+    api_key: str | None = None
+    """Key sent upstream as ``Authorization: Bearer`` (SGLang ``--api-key``); client keys never are."""
+    api_key_env: str | None = None
+    """Name of an environment variable holding the upstream key (preferred over ``api_key``)."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"backend url must start with http:// or https://, got {v!r}")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _name(self) -> BackendConfig:
+        if not self.name:
+            self.name = self.url.split("://", 1)[1].split("/", 1)[0]
+        return self
+
+    def upstream_key(self) -> str | None:
+        if self.api_key_env:
+            return os.environ.get(self.api_key_env) or self.api_key
+        return self.api_key
+
+
+class ModelConfig(_Strict):
+    upstream_model: str | None = None
+    """The served model name upstream; defaults to the alias."""
+    backends: list[BackendConfig] = Field(default_factory=list)
+
+
+
+class HealthConfig(_Strict):
+    interval_s: float = Field(2.0, gt=0)
+    timeout_s: float = Field(5.0, gt=0)
+    load_interval_s: float = Field(1.0, gt=0)
+    failures_to_eject: int = Field(2, ge=1)
+
+
+class PoolConfig(Protocol):
+    """What ``BackendPool`` reads from the configuration (``gateway.config.Config`` is one)."""
+
+    @property
+    def models(self) -> Mapping[str, ModelConfig]: ...
+
+    @property
+    def health(self) -> HealthConfig: ...
+
+    def upstream_model(self, alias: str) -> str: ...

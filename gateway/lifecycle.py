@@ -1,0 +1,207 @@
+"""One request's life, the same for every client surface:
+
+    authenticate → read the body (413 past the cap) → parse (the surface's parser) → model check
+    → facts (fingerprint, token estimate) → admit (wait for the decision core's dispatch or refusal)
+    → route → upstream attempts (``gateway/upstream.py``; one retry elsewhere if nothing reached)
+    → relay (the surface's relay) → release (the core learns the outcome) → metrics, trace, access log
+
+``RequestPath`` is that path for one ``Surface`` (``gateway/surface.py``), as a raw ASGI app: a
+watcher task waits for ``http.disconnect`` the whole time, so a client that leaves at any moment
+(waiting, or mid-stream) cancels the work, which closes the upstream connection and runs every
+``finally`` that gives back what the request held. Every error is answered in the surface's
+envelope (``Surface.error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+
+from starlette.datastructures import Headers
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.access import AccessRecord, access_record
+from gateway.dispatch import Refused
+from gateway.errors import GatewayError
+from gateway.proxy import Result, send_bytes
+from gateway.surface import ClientRequest, Surface
+from gateway.telemetry import bind, current_trace
+from gateway.upstream import Exchange
+from gateway.worker import Gateway
+from policies.prefix import request_fingerprint, total_tokens
+from policies.types import Outcome, RequestFacts
+
+
+async def read_body(receive: Receive, headers: Headers, limit: int) -> bytes | None:
+    """The request body, or None if the client left; 413 past ``limit`` bytes."""
+    declared = headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"Request body too large: {declared} bytes (limit {limit}).",
+                           "request_too_large")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(413, f"Request body too large (limit {limit} bytes).", "request_too_large")
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class RequestPath:
+    """``POST surface.path`` as a raw ASGI app (see the module docstring)."""
+
+    def __init__(self, gateway: Gateway, surface: Surface) -> None:
+        self.gw = gateway
+        self.surface = surface
+
+    async def _reply_error(self, send: Send, err: GatewayError, rid: str) -> None:
+        reply = self.surface.error(err)
+        await send_bytes(send, reply.status, reply.body, reply.content_type,
+                         [*reply.headers, (b"x-request-id", rid.encode())])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gw = self.gw
+        rid = f"cg-{uuid.uuid4().hex}"
+        arrived = time.monotonic()
+        headers = Headers(scope=scope)
+        trace = gw.telemetry.begin(self.surface.name, headers)
+        record = access_record(scope)
+        team = "unknown"
+        try:
+            team = record.team = gw.keys.team_for(headers)
+            raw = await read_body(receive, headers, gw.config.max_body_bytes)
+            if raw is None:
+                trace.end(client_left=True)
+                return
+            req = self.surface.parse(raw)
+            trace.request(rid, team, req)
+            if req.model not in gw.config.models:
+                raise GatewayError(404, f"The model '{req.model}' does not exist.", "model_not_found", "model")
+        except GatewayError as err:
+            gw.metrics.requests.labels(team, "", "", str(err.status)).inc()
+            trace.failed(err.status, err.code)
+            trace.end()
+            await self._reply_error(send, err, rid)
+            return
+        bind(trace)  # the tasks below inherit it (current_trace())
+        complete = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal complete
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                complete = True
+
+        work = asyncio.create_task(self._serve(rid, team, req, arrived, send_tracked, record))
+        watcher = asyncio.create_task(_wait_disconnect(receive))
+        client_left = False
+        try:
+            done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            # uvicorn's receive() also says "disconnect" once the response is complete: not a client leaving.
+            client_left = watcher in done and not complete
+            if client_left:
+                work.cancel()
+            else:
+                watcher.cancel()
+            for task in (work, watcher):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            trace.end(client_left=client_left)
+
+    async def _serve(self, rid: str, team: str, req: ClientRequest, arrived: float, send: Send,
+                     record: AccessRecord) -> None:
+        gw = self.gw
+        m = gw.metrics
+        alias = req.model
+        fingerprint, rendered = request_fingerprint(req.prompt, gw.estimator.ratio)
+        req.prompt_bytes = rendered
+        facts = RequestFacts(rid=rid, model=alias, team=team, stream=req.stream,
+                             prompt_tokens=total_tokens(fingerprint), max_output_tokens=req.max_tokens or 0,
+                             fingerprint=fingerprint)
+        trace = current_trace()
+        trace.facts(facts.prompt_tokens)
+        m.queued.labels(team).inc()
+        trace.admission_started()
+        try:
+            decision = await gw.dispatcher.admit(facts)
+        except Refused as refused:
+            r = refused.refusal
+            m.refusals.labels(team, r.code).inc()
+            m.requests.labels(team, alias, "", str(r.status)).inc()
+            trace.failed(r.status, r.code)
+            record.refusal = r.code
+            retry_after = str(max(1, round(r.retry_after_s)))
+            await self._reply_error(send, GatewayError(r.status, r.message, r.code,
+                                                       headers={"retry-after": retry_after}), rid)
+            return
+        finally:
+            m.queued.labels(team).dec()
+            waited = time.monotonic() - arrived
+            record.queue_wait_s = waited
+            m.queue_wait.labels(team, alias).observe(waited, trace.exemplar())
+            trace.admission_done(waited)
+        gw.routed(alias, decision, trace)
+        m.inflight.labels(team).inc()
+        exchange = Exchange()
+        client_left = False
+        try:
+            await gw.upstream.forward(rid, req, self.surface, decision, send, trace,
+                                      lambda retry: gw.routed(alias, retry, trace), exchange)
+            if exchange.error is not None:
+                err = exchange.error
+                trace.failed(err.status, err.code)
+                await self._reply_error(send, err, rid)
+        except asyncio.CancelledError:
+            client_left = True
+            raise
+        finally:
+            m.inflight.labels(team).dec()
+            result = exchange.result
+            gw.dispatcher.release(rid, Outcome(ok=exchange.ok and not client_left, prompt_tokens=result.prompt_tokens,
+                                               completion_tokens=result.completion_tokens,
+                                               cached_tokens=result.cached_tokens,
+                                               reached_backend=exchange.reached_backend))
+            record.backend = exchange.backend
+            if result.first_token_at is not None:
+                record.ttft_s = result.first_token_at - arrived
+            status = exchange.error.status if exchange.error else exchange.status
+            self._observe(team, alias, exchange.backend, 0 if client_left else status, arrived, req, result)
+
+    def _observe(self, team: str, alias: str, backend: str, status: int, arrived: float,
+                 req: ClientRequest, result: Result) -> None:
+        m = self.gw.metrics
+        now = time.monotonic()
+        trace = current_trace()
+        if status:
+            trace.finished(status, result)
+        m.requests.labels(team, alias, backend, str(status or 499)).inc()
+        if status != 200:
+            return
+        exemplar = trace.exemplar()  # only for a sampled trace: an exemplar must lead somewhere
+        m.duration.labels(team, alias, backend).observe(now - arrived, exemplar)
+        if result.first_token_at is not None:
+            m.ttft.labels(team, alias, backend).observe(result.first_token_at - arrived, exemplar)
+            if result.last_token_at and result.completion_tokens > 1:
+                m.itl.labels(team, alias, backend).observe(
+                    (result.last_token_at - result.first_token_at) / (result.completion_tokens - 1), exemplar)
+        if result.usage:
+            m.tokens.labels(team, alias, "input").inc(result.prompt_tokens)
+            m.tokens.labels(team, alias, "cached").inc(result.cached_tokens)
+            m.tokens.labels(team, alias, "output").inc(result.completion_tokens)
+            self.gw.estimator.observe(req.prompt_bytes, result.prompt_tokens)

@@ -1,0 +1,168 @@
+"""The plug-in interface of a client surface: what an API (chat, completions, Responses, Messages)
+adds to the one request path (``gateway/lifecycle.py``), and nothing else.
+
+A surface is four parts; the request path does everything around them (auth, body cap, admission,
+routing, upstream attempts and retries, release, metrics, traces, access log):
+
+1. **parser** ``Surface.parse(raw) -> ClientRequest``: checks the client's body (raise
+   ``GatewayError`` for a 400) and gives the request facts' inputs: ``model`` (the alias),
+   ``stream``, ``max_tokens``, and ``prompt``, a chat-shaped mapping (``messages`` + ``tools``, or
+   ``prompt``) the fingerprint is computed over. ``native`` holds the surface's own parse result.
+2. **error renderer** ``Surface.error(err) -> ErrorReply``: every error the gateway answers on this
+   route (401, 400, 404 model, 413, refusals 429/503 with ``Retry-After``, 502/504) in the
+   surface's envelope; the path adds ``x-request-id`` (and ``retry-after``) headers.
+3. **upstream request builder** ``Surface.upstream(req, target) -> UpstreamCall``: per backend
+   (``Target``: its name, served model name, DP rank), the upstream path and body, and the relay
+   that turns that backend's answer into this surface's answer. A passthrough surface posts to the
+   same API upstream; a translating one may post ``/v1/chat/completions`` and translate back.
+4. **relay** ``Relay``: ``stream`` relays a 200 SSE answer, ``whole`` any other answer (non-stream,
+   or an upstream error status). A relay must report to the path through ``RelayContext``: call
+   ``ctx.first_token()`` at the first generated token; fill ``ctx.result`` (``usage`` as an
+   OpenAI usage dict, ``finish_reasons``, ``response_model``; ``stream_error`` ``"timeout"`` or
+   ``"stream_broken"`` when the upstream broke off, any other text for an error event); and send
+   the complete ASGI response (``http.response.start`` and a last body message). ``PassthroughRelay``
+   is the byte-exact relay of an OpenAI-shaped answer (chat, completions).
+
+To add a surface: subclass ``Surface`` (``name``, ``path``, the three methods), give it a ``Relay``
+if its answers are not relayed byte for byte, and list it in ``gateway/app.py``'s ``SURFACES``.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from starlette.types import Send
+
+from gateway.errors import GatewayError, error_body
+from gateway.proxy import Result, StreamWatch, read_usage, relay_stream, send_bytes
+
+Headers = list[tuple[bytes, bytes]]
+
+
+@dataclass(slots=True)
+class ClientRequest:
+    """What a surface's parser makes of a client's body: the inputs of the request's facts."""
+
+    model: str
+    """The model alias the client named (checked against the config by the path)."""
+    stream: bool
+    max_tokens: int | None
+    prompt: Mapping[str, Any]
+    """Chat-shaped (``messages`` + ``tools``) or completion-shaped (``prompt``): what is fingerprinted."""
+    body: dict[str, Any]
+    """The client's body as parsed (traces read sampling parameters from it)."""
+    native: object = None
+    """The surface's own parse result, for its ``upstream``."""
+    prompt_bytes: int = 0
+    """Bytes of the rendered prompt (set by the path; feeds the learned tokens-per-byte ratio)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The backend an attempt goes to, as a surface needs to know it."""
+
+    backend: str
+    upstream_model: str
+    """The model name the backend serves (the alias is rewritten to it)."""
+    rank: int | None
+    """DP rank to pin (``routed_dp_rank``), None for a backend without DP attention."""
+
+
+@dataclass(frozen=True, slots=True)
+class RelayContext:
+    """What a relay reports to, and the few settings it needs."""
+
+    result: Result
+    first_token: Callable[[], None]
+    keepalive_s: float
+    """Send an SSE keep-alive after this much upstream silence (0: never)."""
+    headers: Headers
+    """Headers the path adds to the client's response (``x-request-id``)."""
+
+
+class Relay(ABC):
+    """Turns one upstream answer into the client's answer (see the module docstring)."""
+
+    @abstractmethod
+    async def stream(self, response: httpx.Response, send: Send, ctx: RelayContext) -> None:
+        """Relay a 200 event-stream answer as it arrives."""
+
+    @abstractmethod
+    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
+                    ctx: RelayContext) -> None:
+        """Relay a complete answer (non-stream, or any upstream status other than 200)."""
+
+
+class PassthroughRelay(Relay):
+    """Byte-exact relay of an OpenAI-shaped answer; drops the usage chunk the gateway asked for on its
+    own behalf (``strip_usage``)."""
+
+    def __init__(self, strip_usage: bool) -> None:
+        self.strip_usage = strip_usage
+
+    async def stream(self, response: httpx.Response, send: Send, ctx: RelayContext) -> None:
+        watch = StreamWatch(ctx.result, self.strip_usage, ctx.first_token)
+        await relay_stream(response, send, watch, ctx.keepalive_s, ctx.headers)
+
+    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
+                    ctx: RelayContext) -> None:
+        if status == 200:
+            read_usage(payload, ctx.result)
+            if ctx.result.completion_tokens:
+                ctx.result.first_token_at = time.monotonic()
+                ctx.first_token()
+        await send_bytes(send, status, payload, content_type, ctx.headers)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    """One attempt's request to a backend, and how its answer comes back."""
+
+    path: str
+    """Upstream path, e.g. ``/v1/chat/completions``."""
+    body: bytes
+    relay: Relay
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Extra upstream headers (the path sets content type, accept, request id, auth, traceparent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """An error answer in a surface's envelope."""
+
+    status: int
+    body: bytes
+    content_type: bytes = b"application/json"
+    headers: Headers = field(default_factory=list)
+
+
+def openai_error(err: GatewayError) -> ErrorReply:
+    """OpenAI's envelope ``{"error": {message, type, param, code}}`` (``gateway/errors.py``)."""
+    headers = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+    return ErrorReply(err.status, error_body(err.status, err.message, err.code, err.param), headers=headers)
+
+
+class Surface(ABC):
+    """One client API on the request path (see the module docstring)."""
+
+    name: str
+    """Short name: the span operation key (``gateway/telemetry.py``), the access log's ``surface``."""
+    path: str
+    """The client route, e.g. ``/v1/chat/completions`` (also the metrics' ``route`` label)."""
+
+    @abstractmethod
+    def parse(self, raw: bytes) -> ClientRequest:
+        """Check the client's body; raise ``GatewayError`` (400) for a bad one."""
+
+    @abstractmethod
+    def upstream(self, req: ClientRequest, target: Target) -> UpstreamCall:
+        """The request to send to ``target`` for ``req``."""
+
+    def error(self, err: GatewayError) -> ErrorReply:
+        """``err`` in this surface's envelope (default: OpenAI's)."""
+        return openai_error(err)

@@ -1,0 +1,161 @@
+"""The upstream attempts of one dispatched request: send it to the chosen backend, retry once
+elsewhere when nothing reached it, relay the answer through the surface's relay.
+
+``Upstream.forward`` fills an ``Exchange`` as it goes, so that a request cancelled mid-way (its
+client left) still says whether an engine received it: ``reached_backend`` turns true when an
+attempt starts and back to false only when the attempt failed before anything reached the
+backend (connection refused or timed out, pool timeout, connection dropped before an answer). The
+decision core keeps a conversation's seat on a backend that received the turn (its cache is
+there) and gives it back otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+from starlette.types import Send
+
+from backends.pool import Backend, BackendPool
+from gateway.dispatch import Dispatcher
+from gateway.errors import GatewayError
+from gateway.metrics import Metrics
+from gateway.proxy import RETRYABLE, Result, read_body
+from gateway.surface import ClientRequest, RelayContext, Surface, Target
+from gateway.telemetry import RequestTrace
+from policies.types import Dispatch
+
+BROKEN = ("timeout", "stream_broken")
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What the upstream attempts came to (filled in as they go)."""
+
+    result: Result = field(default_factory=Result)
+    backend: str = ""
+    """The backend of the last attempt."""
+    status: int = 0
+    """Status of the upstream answer relayed to the client (0: none was)."""
+    reached_backend: bool = False
+    """The engine received the request (or may have: a cancelled attempt counts as received)."""
+    error: GatewayError | None = None
+    """The gateway's own error to answer (502/504), when no upstream answer was relayed."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None and self.result.stream_error is None
+
+
+class Upstream:
+    """The upstream hop of one worker: its HTTP client, the pool, and what learns from failures."""
+
+    def __init__(self, client: httpx.AsyncClient, pool: BackendPool, dispatcher: Dispatcher, metrics: Metrics,
+                 keepalive_s: float) -> None:
+        self.client = client
+        self.pool = pool
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.keepalive_s = keepalive_s
+
+    async def forward(self, rid: str, req: ClientRequest, surface: Surface, decision: Dispatch, send: Send,
+                      trace: RequestTrace, routed: Callable[[Dispatch], None], exchange: Exchange) -> Exchange:
+        """Send ``req`` per ``decision``; one retry elsewhere (reason ``retry``) if it did not reach."""
+        for attempt in range(2):
+            backend = self.pool.get(req.model, decision.backend)
+            exchange.backend = backend.name
+            exchange.reached_backend = True  # until the attempt proves otherwise
+            error = await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+            if error != "unreached":
+                return exchange
+            exchange.reached_backend = False
+            if attempt == 0:
+                retry = self.dispatcher.retry(rid, backend.name)
+                if isinstance(retry, Dispatch):
+                    decision = retry
+                    routed(decision)
+                    continue
+            break
+        exchange.error = GatewayError(502, f"Could not reach a backend for model '{req.model}'.",
+                                      "upstream_unreachable")
+        return exchange
+
+    async def _attempt(self, rid: str, req: ClientRequest, surface: Surface, decision: Dispatch,
+                       backend: Backend, send: Send, trace: RequestTrace, exchange: Exchange) -> str | None:
+        """One attempt; ``"unreached"`` when it failed before anything reached the backend."""
+        rank = decision.rank if backend.dp_size > 1 else None
+        call = surface.upstream(req, Target(backend.name, backend.upstream_model, rank))
+        url = backend.url + call.path
+        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+                   **call.headers, "x-request-id": rid, **backend.headers()}
+        span = trace.upstream(backend.name, url, headers)  # adds traceparent
+        m = self.metrics
+        request = self.client.build_request("POST", url, content=call.body, headers=headers)
+        try:
+            response = await self.client.send(request, stream=True)
+        except RETRYABLE as exc:
+            span.failed("connect", exc)
+            m.upstream_errors.labels(backend.name, "connect").inc()
+            self.pool.request_failed(backend, "connect", f"{type(exc).__name__}: {exc}")
+            return "unreached"
+        except httpx.TimeoutException as exc:
+            span.failed("timeout", exc)
+            m.upstream_errors.labels(backend.name, "timeout").inc()
+            self.pool.request_failed(backend, "timeout", "no answer in time")
+            exchange.error = GatewayError(504, "The backend did not answer in time.", "upstream_timeout")
+            return "timeout"
+        except httpx.HTTPError as exc:
+            span.failed("connect", exc)
+            m.upstream_errors.labels(backend.name, "connect").inc()
+            self.pool.request_failed(backend, "connect", f"{type(exc).__name__}: {exc}")
+            exchange.error = GatewayError(502, f"Upstream error: {type(exc).__name__}.", "upstream_error")
+            return "error"
+        result = exchange.result
+        ctx = RelayContext(result, self._first_token(rid, req, trace), self.keepalive_s,
+                           [(b"x-request-id", rid.encode())])
+        status = response.status_code
+        try:
+            result.status = status
+            if status >= 500:
+                m.upstream_errors.labels(backend.name, "status_5xx").inc()
+            if status != 200 or not req.stream:
+                try:
+                    payload = await read_body(response)
+                except httpx.TimeoutException:
+                    m.upstream_errors.labels(backend.name, "timeout").inc()
+                    result.stream_error = "timeout"
+                    exchange.error = GatewayError(504, "The backend did not answer in time.", "upstream_timeout")
+                    return "timeout"
+                except httpx.HTTPError:
+                    m.upstream_errors.labels(backend.name, "stream_broken").inc()
+                    result.stream_error = "stream_broken"
+                    exchange.error = GatewayError(502, "The backend connection broke.", "upstream_error")
+                    return "stream_broken"
+                ctype = response.headers.get("content-type", "application/json").encode()
+                await call.relay.whole(status, payload, ctype, send, ctx)
+            else:
+                exchange.status = status  # the client gets this status from the first byte on
+                await call.relay.stream(response, send, ctx)
+                if result.stream_error in BROKEN:
+                    m.upstream_errors.labels(backend.name, result.stream_error).inc()
+            exchange.status = status
+        finally:
+            await response.aclose()
+            span.done(status, result.stream_error)
+            if status >= 500:
+                self.pool.request_failed(backend, "status_5xx", f"answered {status}")
+            elif result.stream_error in BROKEN:
+                self.pool.request_failed(backend, result.stream_error or "", "the response broke off")
+            else:
+                self.pool.request_ok(backend)
+        return None
+
+    def _first_token(self, rid: str, req: ClientRequest, trace: RequestTrace) -> Callable[[], None]:
+        def first_token() -> None:
+            if req.stream:  # a whole answer's "first token" is its end: nothing to learn a prefill from
+                self.dispatcher.first_token(rid)
+            trace.first_token()
+
+        return first_token
+

@@ -1,0 +1,112 @@
+"""Everything one worker (one replica) holds, and how its parts are wired together: config, keys,
+decision core and its dispatcher, shared state, backend pool, upstream client, metrics, traces."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import httpx
+
+from backends.pool import BackendPool
+from gateway.auth import KeyStore
+from gateway.config import Config, TeamConfig
+from gateway.dispatch import Dispatcher
+from gateway.metrics import Metrics
+from gateway.state import MemoryState, RedisState
+from gateway.telemetry import RequestTrace, Telemetry
+from gateway.upstream import Upstream
+from policies import registry
+from policies.teams import TeamLimits
+from policies.tokens import TokenEstimator
+from policies.types import BackendView, Dispatch
+
+log = logging.getLogger("cachegate")
+
+
+class Gateway:
+    """One worker's parts. ``start``/``stop`` run in the app's lifespan."""
+
+    def __init__(self, config: Config, metrics: Metrics | None = None, admin_token: str | None = None) -> None:
+        self.config = config
+        self.keys = KeyStore(config)
+        self.metrics = metrics or Metrics()
+        self.telemetry = Telemetry(config.telemetry)
+        self.core = registry.build(config.policy)
+        self.core.configure({"teams": {n: t.model_dump() for n, t in config.teams.items()},
+                             "admission": config.admission.model_dump(exclude_none=True)})
+        self.state: MemoryState | RedisState = (RedisState(config.redis_url, lease_ttl_s=config.lease_ttl_s)
+                                                if config.redis_url else MemoryState())
+        self.state.on_wake = lambda team: self.dispatcher.wake(team)
+        self.state.on_limits = self._limits_changed
+        self.state.on_share = self._share_changed
+        self.admin_token = admin_token or os.environ.get(config.admin_token_env) or None
+        self.dispatcher = Dispatcher(self.core, state=self.state)
+        self.estimator = TokenEstimator()
+        self.client: httpx.AsyncClient | None = None
+        self.pool: BackendPool | None = None
+        self._upstream: Upstream | None = None
+        self.started_at = int(time.time())
+
+    @property
+    def upstream(self) -> Upstream:
+        """The upstream hop (exists between ``start`` and ``stop``)."""
+        assert self._upstream is not None, "the gateway is not started"
+        return self._upstream
+
+    def _limits_changed(self, team: str, fields: dict[str, Any]) -> None:
+        known = {k: v for k, v in fields.items() if k in TeamConfig.model_fields}
+        self.core.set_team(team, TeamLimits(**TeamConfig.model_validate(known).model_dump()))
+        self.dispatcher.wake(team)
+
+    def _share_changed(self, share: float, split: bool) -> None:
+        self.metrics.redis_degraded.set(1 if split and self.config.redis_url else 0)
+        self.dispatcher.set_share(share, split)
+
+    def routed(self, alias: str, decision: Dispatch, trace: RequestTrace) -> None:
+        """A dispatch the request will use (first or retry): counted here, once, not per core decision,
+        since a decision the lease then sends back to the queue is not a dispatch."""
+        self.metrics.routes.labels(alias, decision.backend, decision.reason).inc()
+        trace.routed(decision)
+
+    async def start(self) -> None:
+        up = self.config.upstream
+        timeout = httpx.Timeout(connect=up.connect_timeout_s, read=up.idle_timeout_s, write=up.idle_timeout_s,
+                                pool=up.connect_timeout_s)
+        limits = httpx.Limits(max_connections=up.max_connections, max_keepalive_connections=up.max_connections,
+                              keepalive_expiry=up.keepalive_expiry_s)
+        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+        self.pool = BackendPool(self.config, self.client)
+        self._upstream = Upstream(self.client, self.pool, self.dispatcher, self.metrics, up.sse_keepalive_s)
+        self.pool.subscribe(self._backends_changed)
+        self.metrics.init_labels(self.config.teams, (b.name for b in self.pool.all()))
+        self.dispatcher.start()
+        await self.state.start()
+        await self.pool.start()
+        if self.keys.open:
+            log.warning("no API keys configured: the gateway is open to anyone who can reach it")
+
+    async def stop(self) -> None:
+        if self.pool:
+            await self.pool.stop()
+        await self.dispatcher.stop()
+        await self.state.stop()
+        if self.client:
+            await self.client.aclose()
+        self.telemetry.shutdown()
+        self.metrics.close()
+
+    def _backends_changed(self, alias: str, views: list[BackendView]) -> None:
+        self.dispatcher.set_backends(alias, views)
+        if self.pool is None:
+            return
+        for backend in self.pool.models.get(alias, []):
+            m = self.metrics
+            m.backend_healthy.labels(backend.name).set(1 if backend.healthy else 0)
+            m.backend_breaker.labels(backend.name).set(backend.breaker_state)
+            m.backend_kv.labels(backend.name).set(backend.token_usage)
+            m.backend_running.labels(backend.name).set(backend.running)
+            m.backend_waiting.labels(backend.name).set(backend.waiting)
+            m.backend_hit.labels(backend.name).set(backend.cache_hit_rate)
