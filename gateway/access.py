@@ -81,9 +81,12 @@ _JSON_HANDLER.setFormatter(logging.Formatter("%(message)s"))
 
 def configure_access_log(fmt: AccessFormat) -> None:
     """``json``: lines are bare JSON objects on stderr (not inside the root handler's format)."""
-    if fmt == "json" and _JSON_HANDLER not in log.handlers:
-        log.addHandler(_JSON_HANDLER)
-        log.propagate = False
+    if fmt == "json":
+        if _JSON_HANDLER not in log.handlers:
+            log.addHandler(_JSON_HANDLER)
+    else:
+        log.removeHandler(_JSON_HANDLER)
+    log.propagate = fmt != "json"
     log.setLevel(logging.INFO)
 
 

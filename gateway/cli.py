@@ -30,6 +30,8 @@ def serve(
     policy: str | None = typer.Option(
         None, "--policy", help="Policy stack: gateway (default), direct, round-robin, least-load, sglang-cache-aware."),
     log_level: str | None = typer.Option(None, "--log-level", help="debug, info, warning, error."),
+    access_log: str | None = typer.Option(None, "--access-log",
+                                          help="One line per request on logger cachegate.access: text, json, off."),
     admin_token: str | None = typer.Option(None, "--admin-token",
                                            help="Token for /admin/ (else $CACHEGATE_ADMIN_TOKEN; off if none)."),
 ) -> None:
@@ -41,7 +43,8 @@ def serve(
 
     try:
         cfg = load_config(config, backends=backend, model=model, api_keys=api_key, host=host, port=port,
-                          workers=workers, redis_url=redis_url, policy=policy, log_level=log_level)
+                          workers=workers, redis_url=redis_url, policy=policy, log_level=log_level,
+                          access_log=access_log)
     except (ValueError, OSError) as exc:
         typer.echo(f"cachegate: invalid configuration: {exc}", err=True)
         raise typer.Exit(code=2) from None

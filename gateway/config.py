@@ -136,6 +136,7 @@ class EnvSettings(BaseSettings):
     log_level: str | None = None
     policy: str | None = None
     admin_token: str | None = None
+    access_log: str | None = None
 
 
 def hash_key(key: str) -> str:
@@ -154,6 +155,7 @@ def load_config(
     redis_url: str | None = None,
     policy: str | None = None,
     log_level: str | None = None,
+    access_log: str | None = None,
 ) -> Config:
     """Build the configuration from a file, the environment and quick-start flags.
 
@@ -170,7 +172,7 @@ def load_config(
             raise ValueError(f"{path}: the top level must be a mapping")
         data = loaded or {}
     for key, value in (("redis_url", env.redis_url), ("workers", env.workers),
-                       ("log_level", env.log_level), ("policy", env.policy)):
+                       ("log_level", env.log_level), ("policy", env.policy), ("access_log", env.access_log)):
         if value is not None:
             data[key] = value
     listen = dict(data.get("listen") or {})
@@ -184,7 +186,7 @@ def load_config(
         listen["port"] = port
     data["listen"] = listen
     for key, value in (("redis_url", redis_url), ("workers", workers), ("policy", policy),
-                       ("log_level", log_level)):
+                       ("log_level", log_level), ("access_log", access_log)):
         if value is not None:
             data[key] = value
     if backends:
