@@ -165,7 +165,8 @@ class BackendPool:
         if check_models:
             try:
                 data = (await self._get(backend, "/v1/models")).json()
-                backend.served_models = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+                backend.served_models = [m["id"] for m in data.get("data", [])
+                                         if isinstance(m, dict) and isinstance(m.get("id"), str)]
                 if backend.upstream_model not in backend.served_models:
                     log.warning("backend %s serves %s, not the configured upstream model %r (model %r)",
                                 backend.name, backend.served_models, backend.upstream_model, backend.model)

@@ -190,7 +190,7 @@ class RedisState:
 
     async def teams(self) -> dict[str, dict[str, Any]]:
         raw = await self.redis.hgetall(self._key("teams"))
-        return {k.decode(): orjson.loads(v) for k, v in raw.items()}
+        return {k.decode() if isinstance(k, bytes) else k: orjson.loads(v) for k, v in raw.items()}
 
     def status(self) -> dict[str, Any]:
         return {"mode": "degraded" if self.degraded else "redis", "replicas": self.replicas,
