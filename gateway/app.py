@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -35,7 +35,9 @@ SURFACES: tuple[Surface, ...] = (CHAT, COMPLETIONS)
 """Every client surface on the request path (``gateway/surface.py`` says how to add one)."""
 
 
-def create_app(config: Config, metrics: Metrics | None = None, admin_token: str | None = None) -> Starlette:
+def create_app(config: Config, metrics: Metrics | None = None, admin_token: str | None = None,
+               surfaces: Sequence[Surface] = SURFACES) -> Starlette:
+    """The app for one worker; ``surfaces`` are the client APIs on the request path."""
     gw = Gateway(config, metrics, admin_token)
 
     async def models(request: Request) -> Response:
@@ -89,7 +91,7 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
             await gw.stop()
 
     routes = [
-        *(Route(s.path, RequestPath(gw, s), methods=["POST"]) for s in SURFACES),
+        *(Route(s.path, RequestPath(gw, s), methods=["POST"]) for s in surfaces),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),

@@ -21,7 +21,9 @@ routing, upstream attempts and retries, release, metrics, traces, access log):
    OpenAI usage dict, ``finish_reasons``, ``response_model``; ``stream_error`` ``"timeout"`` or
    ``"stream_broken"`` when the upstream broke off, any other text for an error event); and send
    the complete ASGI response (``http.response.start`` and a last body message). ``PassthroughRelay``
-   is the byte-exact relay of an OpenAI-shaped answer (chat, completions).
+   is the byte-exact relay of an OpenAI-shaped answer (chat, completions); ``TranslatingRelay``
+   relays an upstream chat stream through the same machinery and rewrites each event (a subclass
+   gives ``translate_event``, ``finish_stream``, ``translate_whole``).
 
 To add a surface: subclass ``Surface`` (``name``, ``path``, the three methods), give it a ``Relay``
 if its answers are not relayed byte for byte, and list it in ``gateway/app.py``'s ``SURFACES``.
@@ -29,6 +31,7 @@ if its answers are not relayed byte for byte, and list it in ``gateway/app.py``'
 
 from __future__ import annotations
 
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -36,12 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from starlette.types import Send
+from starlette.types import Message, Send
 
 from gateway.errors import GatewayError, error_body
 from gateway.proxy import Result, StreamWatch, read_usage, relay_stream, send_bytes
 
 Headers = list[tuple[bytes, bytes]]
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
 
 
 @dataclass(slots=True)
@@ -117,6 +121,64 @@ class PassthroughRelay(Relay):
                 ctx.result.first_token_at = time.monotonic()
                 ctx.first_token()
         await send_bytes(send, status, payload, content_type, ctx.headers)
+
+
+class TranslatingRelay(Relay):
+    """Relays an upstream chat-completions stream through ``relay_stream`` (keep-alive comments,
+    the in-stream error event of a broken upstream, first-token and usage accounting, all as for chat)
+    and rewrites each complete SSE event on its way to the client with ``translate_event``.
+
+    A subclass (one per request: it may keep state, e.g. the output index of a Responses stream)
+    gives ``translate_event`` (an upstream event, a ``: keepalive`` comment, or the gateway's own
+    ``data: {"error": ...}`` event → the bytes the client gets, ``b""`` to drop), ``finish_stream``
+    (bytes sent after the last event) and ``translate_whole`` (a complete answer or error)."""
+
+    @abstractmethod
+    def translate_event(self, event: bytes) -> bytes:
+        """One complete upstream SSE event (with its blank line) → bytes for the client."""
+
+    def finish_stream(self) -> bytes:
+        """Bytes sent after the last translated event."""
+        return b""
+
+    @abstractmethod
+    def translate_whole(self, status: int, payload: bytes, content_type: bytes) -> tuple[int, bytes, bytes]:
+        """A complete upstream answer (``status``, body, content type) → the client's."""
+
+    async def stream(self, response: httpx.Response, send: Send, ctx: RelayContext) -> None:
+        watch = StreamWatch(ctx.result, False, ctx.first_token)
+        pending = b""
+
+        async def translated(message: Message) -> None:
+            nonlocal pending
+            if message["type"] == "http.response.body":
+                data = pending + message.get("body", b"")
+                last = not message.get("more_body", False)
+                out: list[bytes] = []
+                start = 0
+                for match in _EVENT_END.finditer(data):
+                    out.append(self.translate_event(data[start:match.end()]))
+                    start = match.end()
+                pending = data[start:]
+                if last:
+                    out.append(self.finish_stream())
+                body = b"".join(out)
+                if not body and not last:
+                    return
+                message = {**message, "body": body}
+            await send(message)
+
+        await relay_stream(response, translated, watch, ctx.keepalive_s, ctx.headers)
+
+    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
+                    ctx: RelayContext) -> None:
+        if status == 200:
+            read_usage(payload, ctx.result)
+            if ctx.result.completion_tokens:
+                ctx.result.first_token_at = time.monotonic()
+                ctx.first_token()
+        status, body, ctype = self.translate_whole(status, payload, content_type)
+        await send_bytes(send, status, body, ctype, ctx.headers)
 
 
 @dataclass(frozen=True, slots=True)

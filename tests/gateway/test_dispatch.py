@@ -1,0 +1,137 @@
+"""The dispatcher (the waiting room) in-process: a real decision core, a clock the test moves."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from gateway.dispatch import Dispatcher, Refused
+from policies import registry
+from policies.admission import SeatedAdmission
+from policies.core import DecisionCore
+from policies.routing import RoundRobin
+from policies.teams import TeamLimits
+from policies.types import BackendView, Dispatch, Outcome, RequestFacts
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def seated(**teams: TeamLimits) -> SeatedAdmission:
+    return SeatedAdmission(RoundRobin(), teams=teams)
+
+
+def facts(rid: str, team: str = "t", tokens: int = 1000) -> RequestFacts:
+    return RequestFacts(rid=rid, model="m", team=team, prompt_tokens=tokens, max_output_tokens=100)
+
+
+BACKENDS = [BackendView("b0", kv_tokens=1_000_000), BackendView("b1", kv_tokens=1_000_000)]
+
+
+@pytest.fixture()
+def clock() -> Clock:
+    return Clock()
+
+
+@asynccontextmanager
+async def _dispatcher(core: DecisionCore, clock: Clock) -> AsyncIterator[Dispatcher]:
+    d = Dispatcher(core, clock=clock, tick_s=0.01)
+    d.set_backends("m", BACKENDS)
+    d.start()
+    try:
+        yield d
+    finally:
+        await d.stop()
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_request_the_core_dispatches_at_once_does_not_wait(clock: Clock) -> None:
+    async with _dispatcher(registry.build("direct"), clock) as d:
+        decision = await asyncio.wait_for(d.admit(facts("r1")), 1)
+        assert isinstance(decision, Dispatch) and decision.backend in ("b0", "b1")
+        assert d.waiting == 0
+
+
+async def test_a_waiting_request_goes_when_another_of_its_team_finishes(clock: Clock) -> None:
+    core = seated(t=TeamLimits(max_concurrency=1, max_queue=4))
+    async with _dispatcher(core, clock) as d:
+        await d.admit(facts("r1"))
+        second = asyncio.create_task(d.admit(facts("r2")))
+        await _settle()
+        assert not second.done() and d.waiting == 1
+        clock.now = 1.0
+        d.release("r1", Outcome(prompt_tokens=1000, completion_tokens=10))
+        decision = await asyncio.wait_for(second, 1)
+        assert decision.rid == "r2" and d.waiting == 0
+        assert core.teams["t"].inflight == 1
+
+
+async def test_a_refusal_is_raised_with_its_code(clock: Clock) -> None:
+    core = seated(t=TeamLimits(max_concurrency=0, max_queue=0))
+    async with _dispatcher(core, clock) as d:
+        with pytest.raises(Refused) as refused:
+            await d.admit(facts("r1"))
+        assert refused.value.refusal.code == "team_queue_full" and refused.value.refusal.status == 429
+
+
+async def test_a_client_that_leaves_while_waiting_gives_its_place_back(clock: Clock) -> None:
+    core = seated(t=TeamLimits(max_concurrency=1, max_queue=4))
+    async with _dispatcher(core, clock) as d:
+        await d.admit(facts("r1"))
+        waiting = asyncio.create_task(d.admit(facts("r2")))
+        await _settle()
+        assert core.teams["t"].waiting == 1
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert core.teams["t"].waiting == 0 and d.waiting == 0
+        d.release("r1", Outcome())
+        assert core.teams["t"].inflight == 0, "the cancelled request was never dispatched"
+
+
+async def test_the_tick_loop_times_out_a_long_wait(clock: Clock) -> None:
+    core = seated(t=TeamLimits(max_concurrency=1, max_queue=4, queue_timeout_s=5))
+    async with _dispatcher(core, clock) as d:
+        await d.admit(facts("r1"))
+        waiting = asyncio.create_task(d.admit(facts("r2")))
+        await _settle()
+        clock.now = 6.0  # the ticker (every 10 ms) sees the wait pass the team's timeout
+        with pytest.raises(Refused) as refused:
+            await asyncio.wait_for(waiting, 1)
+        assert refused.value.refusal.code == "queue_timeout"
+
+
+async def test_a_retry_goes_elsewhere_or_is_refused(clock: Clock) -> None:
+    async with _dispatcher(registry.build("direct"), clock) as d:
+        first = await d.admit(facts("r1"))
+        retry = d.retry("r1", first.backend)
+        assert isinstance(retry, Dispatch) and retry.backend != first.backend and retry.reason == "retry"
+        again = d.retry("r1", retry.backend)
+        assert not isinstance(again, Dispatch) and again.code == "no_healthy_backend"
+
+
+async def test_a_share_change_reaches_the_core(clock: Clock) -> None:
+    core = seated()
+    async with _dispatcher(core, clock) as d:
+        d.set_share(0.5, True)
+        assert core.share == 0.5 and core.split_concurrency
+
+
+async def test_every_decision_is_seen_by_the_observer(clock: Clock) -> None:
+    async with _dispatcher(registry.build("gateway"), clock) as d:
+        seen: list[str] = []
+        d.on_decision = lambda decision: seen.append(decision.rid)
+        await d.admit(facts("r1"))
+        assert seen == ["r1"]
