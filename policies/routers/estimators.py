@@ -1,0 +1,165 @@
+"""The estimators ``min-ttft`` (``policies/routers/min_ttft.py``) decides with: prefill time, the
+prefix every request shares, each rank's recent working set, and a recent maximum. Pure, time
+passed in; each class gives its formula, parameters and defaults."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from itertools import pairwise
+
+from policies.routers.base import Slot
+from policies.types import Fingerprint
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillModel:
+    """Prefill seconds of ``u`` uncached tokens after ``c`` cached ones (sglang-and-kimi.md §9.3):
+    ``t0 + u / rate + k_attn · u · (c + u/2)``. Defaults: Kimi on 8×B300 TP8 (t0 30 ms, 40k tok/s,
+    k_attn 6.25e-10 s per token·context): a 160k-token recompute ≈ 12 s, a 3k-token turn ≈ 0.4 s."""
+
+    t0: float = 0.03
+    rate: float = 40_000.0
+    k_attn: float = 6.25e-10
+
+    def seconds(self, uncached: int, cached: int) -> float:
+        u = max(0, uncached)
+        return self.t0 + u / self.rate + self.k_attn * u * (cached + u / 2)
+
+
+class CommonBlocks:
+    """Blocks that many conversations share (a system prompt, tool definitions).
+
+    A block is common iff it is a *branch point* (two different blocks have been seen right after
+    it, in the first ``scan_blocks`` blocks of dispatched requests) and it is among the first
+    ``scan_blocks`` blocks of at least ``frac`` of the last ``window`` requests. A request's common
+    prefix runs up to and including its deepest common block. Such a prefix says nothing about
+    which conversation a request belongs to, so the router skips it when it looks for a match and
+    for the rendezvous key. A conversation's own history is one chain (each block has one
+    successor), so it stays distinctive however few conversations run; a prefix that only some
+    requests share (a popular document) stays distinctive too, and pulls its requests to where it
+    is cached; a system prompt becomes common as soon as a second conversation uses it.
+    Memory: the successor of at most ``max_blocks`` blocks (LRU) and the window's counts.
+    Defaults: ``scan_blocks`` 256, ``frac`` 0.25 (up to four system prompts), ``window`` 512,
+    ``max_blocks`` 262,144.
+    """
+
+    _BRANCH = -1
+
+    def __init__(self, *, scan_blocks: int = 256, frac: float = 0.25, window: int = 512,
+                 max_blocks: int = 262_144) -> None:
+        self.scan_blocks = scan_blocks
+        self.frac = frac
+        self.window = window
+        self.max_blocks = max_blocks
+        self._next: OrderedDict[int, int] = OrderedDict()
+        self._recent: deque[tuple[int, ...]] = deque()
+        self._counts: dict[int, int] = {}
+
+    def prefix_blocks(self, fp: Fingerprint) -> int:
+        """How many leading blocks of ``fp`` are common (1 + the index of its deepest common block)."""
+        nxt, counts = self._next, self._counts
+        threshold = self.frac * len(self._recent)
+        depth = 0
+        for i, (key, _) in enumerate(fp[: self.scan_blocks]):
+            c = counts.get(key, 0)
+            if c == 0 or c < threshold:
+                break
+            if nxt.get(key) == self._BRANCH:
+                depth = i + 1
+        return depth
+
+    def observe(self, fp: Fingerprint) -> None:
+        nxt, counts = self._next, self._counts
+        head = fp[: self.scan_blocks]
+        for (key, _), (succ, _) in pairwise(head):
+            seen = nxt.get(key)
+            if seen is None:
+                nxt[key] = succ
+            else:
+                if seen != succ and seen != self._BRANCH:
+                    nxt[key] = self._BRANCH
+                nxt.move_to_end(key)
+        while len(nxt) > self.max_blocks:
+            nxt.popitem(last=False)
+        keys = tuple(k for k, _ in head)
+        self._recent.append(keys)
+        for k in keys:
+            counts[k] = counts.get(k, 0) + 1
+        if len(self._recent) > self.window:
+            for k in self._recent.popleft():
+                left = counts[k] - 1
+                if left:
+                    counts[k] = left
+                else:
+                    del counts[k]
+
+
+class Footprint:
+    """Each slot's recent working set: the latest prompt tokens of every conversation that sent a
+    request there within the last ``active_s`` seconds (default 600). A conversation is known by
+    its key (its first distinguishing block); when it moves, it leaves its old slot's set."""
+
+    def __init__(self, active_s: float = 600.0) -> None:
+        self.active_s = active_s
+        self._per_slot: dict[Slot, OrderedDict[int, tuple[float, int]]] = {}
+        self._total: dict[Slot, int] = {}
+        self._home: dict[int, Slot] = {}
+
+    def touch(self, slot: Slot, key: int, tokens: int, now: float) -> None:
+        home = self._home.get(key)
+        if home is not None:
+            old = self._per_slot[home].pop(key, None)
+            if old is not None:
+                self._total[home] -= old[1]
+        self._home[key] = slot
+        recent = self._per_slot.setdefault(slot, OrderedDict())
+        recent[key] = (now, tokens)
+        self._total[slot] = self._total.get(slot, 0) + tokens
+
+    def tokens(self, slot: Slot, now: float) -> int:
+        recent = self._per_slot.get(slot)
+        if not recent:
+            return 0
+        horizon = now - self.active_s
+        while recent:
+            key, (t, n) = next(iter(recent.items()))
+            if t >= horizon:
+                break
+            recent.popitem(last=False)
+            self._total[slot] -= n
+            if self._home.get(key) == slot:
+                del self._home[key]
+        return self._total[slot]
+
+    def own(self, key: int) -> tuple[Slot, int] | None:
+        """Where conversation ``key`` currently counts, and for how many tokens."""
+        home = self._home.get(key)
+        if home is None:
+            return None
+        entry = self._per_slot[home].get(key)
+        return None if entry is None else (home, entry[1])
+
+
+class RecentMax:
+    """The largest value a counter had over the last ``window_s`` seconds: what a load report
+    taken at some unknown moment of that window may still include."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._points: deque[tuple[float, int]] = deque()
+        self.value = 0
+
+    def set(self, value: int, now: float) -> None:
+        self.value = value
+        points = self._points
+        while points and points[-1][1] <= value:  # a smaller older value can never be the max
+            points.pop()
+        points.append((now, value))
+
+    def max(self, now: float) -> int:
+        points = self._points
+        horizon = now - self.window_s
+        while len(points) > 1 and points[0][0] < horizon:
+            points.popleft()
+        return max(self.value, points[0][1]) if points else self.value
