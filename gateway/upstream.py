@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx
 from starlette.types import Send
@@ -27,6 +28,10 @@ from gateway.telemetry import RequestTrace
 from policies.types import Dispatch
 
 BROKEN = ("timeout", "stream_broken")
+
+AttemptEnd = Literal["answered", "unreached", "failed"]
+"""How one attempt ended: an answer was relayed; nothing reached the backend (retry elsewhere); or
+the backend got the request and the attempt failed (``Exchange.error`` says how)."""
 
 
 @dataclass(slots=True)
@@ -66,8 +71,8 @@ class Upstream:
             backend = self.pool.get(req.model, decision.backend)
             exchange.backend = backend.name
             exchange.reached_backend = True  # until the attempt proves otherwise
-            error = await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
-            if error != "unreached":
+            end = await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+            if end != "unreached":
                 return exchange
             exchange.reached_backend = False
             if attempt == 0:
@@ -82,8 +87,8 @@ class Upstream:
         return exchange
 
     async def _attempt(self, rid: str, req: ClientRequest, surface: Surface, decision: Dispatch,
-                       backend: Backend, send: Send, trace: RequestTrace, exchange: Exchange) -> str | None:
-        """One attempt; ``"unreached"`` when it failed before anything reached the backend."""
+                       backend: Backend, send: Send, trace: RequestTrace, exchange: Exchange) -> AttemptEnd:
+        """One attempt (see ``AttemptEnd``)."""
         rank = decision.rank if backend.dp_size > 1 else None
         call = surface.upstream(req, Target(backend.name, backend.upstream_model, rank))
         url = backend.url + call.path
@@ -104,13 +109,13 @@ class Upstream:
             m.upstream_errors.labels(backend.name, "timeout").inc()
             self.pool.request_failed(backend, "timeout", "no answer in time")
             exchange.error = GatewayError(504, "The backend did not answer in time.", "upstream_timeout")
-            return "timeout"
+            return "failed"
         except httpx.HTTPError as exc:
             span.failed("connect", exc)
             m.upstream_errors.labels(backend.name, "connect").inc()
             self.pool.request_failed(backend, "connect", f"{type(exc).__name__}: {exc}")
             exchange.error = GatewayError(502, f"Upstream error: {type(exc).__name__}.", "upstream_error")
-            return "error"
+            return "failed"
         result = exchange.result
         ctx = RelayContext(result, self._first_token(rid, req, trace), self.keepalive_s,
                            [(b"x-request-id", rid.encode())])
@@ -126,12 +131,12 @@ class Upstream:
                     m.upstream_errors.labels(backend.name, "timeout").inc()
                     result.stream_error = "timeout"
                     exchange.error = GatewayError(504, "The backend did not answer in time.", "upstream_timeout")
-                    return "timeout"
+                    return "failed"
                 except httpx.HTTPError:
                     m.upstream_errors.labels(backend.name, "stream_broken").inc()
                     result.stream_error = "stream_broken"
                     exchange.error = GatewayError(502, "The backend connection broke.", "upstream_error")
-                    return "stream_broken"
+                    return "failed"
                 ctype = response.headers.get("content-type", "application/json").encode()
                 await call.relay.whole(status, payload, ctype, send, ctx)
             else:
@@ -149,7 +154,7 @@ class Upstream:
                 self.pool.request_failed(backend, result.stream_error or "", "the response broke off")
             else:
                 self.pool.request_ok(backend)
-        return None
+        return "answered"
 
     def _first_token(self, rid: str, req: ClientRequest, trace: RequestTrace) -> Callable[[], None]:
         def first_token() -> None:
