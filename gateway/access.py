@@ -16,7 +16,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import orjson
@@ -57,7 +57,10 @@ class AccessRecord:
         return " ".join(parts)
 
     def json(self) -> str:
-        return orjson.dumps({k: v for k, v in asdict(self).items() if v not in ("", None)}).decode()
+        fields = {"method": self.method, "route": self.route, "path": self.path, "status": self.status,
+                  "team": self.team, "backend": self.backend, "refusal": self.refusal,
+                  "queue_wait_s": self.queue_wait_s, "ttft_s": self.ttft_s, "duration_s": self.duration_s}
+        return orjson.dumps({k: v for k, v in fields.items() if v is not None and v != ""}).decode()
 
 
 def access_record(scope: Scope) -> AccessRecord:
