@@ -53,7 +53,6 @@ class ModelConfig(_Strict):
     backends: list[BackendConfig] = Field(default_factory=list)
 
 
-
 class HealthConfig(_Strict):
     interval_s: float = Field(2.0, gt=0)
     timeout_s: float = Field(5.0, gt=0)

@@ -97,8 +97,7 @@ class Relay(ABC):
         """Relay a 200 event-stream answer as it arrives."""
 
     @abstractmethod
-    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
-                    ctx: RelayContext) -> None:
+    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         """Relay a complete answer (non-stream, or any upstream status other than 200)."""
 
 
@@ -113,8 +112,7 @@ class PassthroughRelay(Relay):
         watch = StreamWatch(ctx.result, self.strip_usage, ctx.first_token)
         await relay_stream(response, send, watch, ctx.keepalive_s, ctx.headers)
 
-    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
-                    ctx: RelayContext) -> None:
+    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         if status == 200:
             read_usage(payload, ctx.result)
             if ctx.result.completion_tokens:
@@ -157,7 +155,7 @@ class TranslatingRelay(Relay):
                 out: list[bytes] = []
                 start = 0
                 for match in _EVENT_END.finditer(data):
-                    out.append(self.translate_event(data[start:match.end()]))
+                    out.append(self.translate_event(data[start : match.end()]))
                     start = match.end()
                 pending = data[start:]
                 if last:
@@ -170,8 +168,7 @@ class TranslatingRelay(Relay):
 
         await relay_stream(response, translated, watch, ctx.keepalive_s, ctx.headers)
 
-    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
-                    ctx: RelayContext) -> None:
+    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         if status == 200:
             read_usage(payload, ctx.result)
             if ctx.result.completion_tokens:

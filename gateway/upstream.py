@@ -56,16 +56,26 @@ class Exchange:
 class Upstream:
     """The upstream hop of one worker: its HTTP client, the pool, and what learns from failures."""
 
-    def __init__(self, client: httpx.AsyncClient, pool: BackendPool, dispatcher: Dispatcher, metrics: Metrics,
-                 keepalive_s: float) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, pool: BackendPool, dispatcher: Dispatcher, metrics: Metrics, keepalive_s: float
+    ) -> None:
         self.client = client
         self.pool = pool
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.keepalive_s = keepalive_s
 
-    async def forward(self, rid: str, req: ClientRequest, surface: Surface, decision: Dispatch, send: Send,
-                      trace: RequestTrace, routed: Callable[[Dispatch], None], exchange: Exchange) -> Exchange:
+    async def forward(
+        self,
+        rid: str,
+        req: ClientRequest,
+        surface: Surface,
+        decision: Dispatch,
+        send: Send,
+        trace: RequestTrace,
+        routed: Callable[[Dispatch], None],
+        exchange: Exchange,
+    ) -> Exchange:
         """Send ``req`` per ``decision``; one retry elsewhere (reason ``retry``) if it did not reach."""
         for attempt in range(2):
             backend = self.pool.get(req.model, decision.backend)
@@ -82,18 +92,33 @@ class Upstream:
                     routed(decision)
                     continue
             break
-        exchange.error = GatewayError(502, f"Could not reach a backend for model '{req.model}'.",
-                                      "upstream_unreachable")
+        exchange.error = GatewayError(
+            502, f"Could not reach a backend for model '{req.model}'.", "upstream_unreachable"
+        )
         return exchange
 
-    async def _attempt(self, rid: str, req: ClientRequest, surface: Surface, decision: Dispatch,
-                       backend: Backend, send: Send, trace: RequestTrace, exchange: Exchange) -> AttemptEnd:
+    async def _attempt(
+        self,
+        rid: str,
+        req: ClientRequest,
+        surface: Surface,
+        decision: Dispatch,
+        backend: Backend,
+        send: Send,
+        trace: RequestTrace,
+        exchange: Exchange,
+    ) -> AttemptEnd:
         """One attempt (see ``AttemptEnd``)."""
         rank = decision.rank if backend.dp_size > 1 else None
         call = surface.upstream(req, Target(backend.name, backend.upstream_model, rank))
         url = backend.url + call.path
-        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
-                   **call.headers, "x-request-id": rid, **backend.headers()}
+        headers = {
+            "content-type": "application/json",
+            "accept": "application/json, text/event-stream",
+            **call.headers,
+            "x-request-id": rid,
+            **backend.headers(),
+        }
         span = trace.upstream(backend.name, url, headers)  # adds traceparent
         m = self.metrics
         request = self.client.build_request("POST", url, content=call.body, headers=headers)
@@ -117,8 +142,9 @@ class Upstream:
             exchange.error = GatewayError(502, f"Upstream error: {type(exc).__name__}.", "upstream_error")
             return "failed"
         result = exchange.result
-        ctx = RelayContext(result, self._first_token(rid, req, trace), self.keepalive_s,
-                           [(b"x-request-id", rid.encode())])
+        ctx = RelayContext(
+            result, self._first_token(rid, req, trace), self.keepalive_s, [(b"x-request-id", rid.encode())]
+        )
         status = response.status_code
         try:
             result.status = status
@@ -163,4 +189,3 @@ class Upstream:
             trace.first_token()
 
         return first_token
-

@@ -45,8 +45,11 @@ def test_nothing_probes_objects_with_hasattr_or_getattr() -> None:
     found = []
     for name, tree, text in _sources():
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id in ("hasattr", "getattr")):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("hasattr", "getattr")
+            ):
                 call = ast.get_source_segment(text, node) or ""
                 if (name, call) not in ALLOWED_PROBES:
                     found.append(f"{name}:{node.lineno}: {call}")
@@ -60,8 +63,9 @@ def test_every_event_sent_to_a_core_is_in_the_contract() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and ast.unparse(node.value) in CORE_NAMES:
                 sent.setdefault(node.attr, set()).add(name)
-    assert {"arrive", "finish", "requeue", "set_share", "configure", "snapshot"} <= set(sent), \
+    assert {"arrive", "finish", "requeue", "set_share", "configure", "snapshot"} <= set(sent), (
         "the scan must see the gateway's and the simulator's calls"
+    )
     undeclared = {attr: where for attr, where in sent.items() if attr not in declared}
     assert not undeclared, f"sent to a core but not declared on DecisionCore: {undeclared}"
 
@@ -88,10 +92,20 @@ def test_every_router_subclasses_the_routing_contract(name: str) -> None:
 
 
 def _turns() -> tuple[RequestFacts, RequestFacts]:
-    first = RequestFacts(rid="t1", model="m", prompt_tokens=3000, max_output_tokens=10,
-                         fingerprint=tuple((k, 1000) for k in (11, 12, 13)))
-    second = RequestFacts(rid="t2", model="m", prompt_tokens=4000, max_output_tokens=10,
-                          fingerprint=tuple((k, 1000) for k in (11, 12, 13, 14)))
+    first = RequestFacts(
+        rid="t1",
+        model="m",
+        prompt_tokens=3000,
+        max_output_tokens=10,
+        fingerprint=tuple((k, 1000) for k in (11, 12, 13)),
+    )
+    second = RequestFacts(
+        rid="t2",
+        model="m",
+        prompt_tokens=4000,
+        max_output_tokens=10,
+        fingerprint=tuple((k, 1000) for k in (11, 12, 13, 14)),
+    )
     return first, second
 
 
