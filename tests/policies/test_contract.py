@@ -19,7 +19,7 @@ from policies import registry
 from policies.admission import SeatedAdmission, SeatParams
 from policies.core import HOOKS, DecisionCore
 from policies.routers import MinTTFT
-from policies.routing import Router
+from policies.routing import ROUTER_HOOKS, Router
 from policies.types import BackendView, Dispatch, Outcome, RequestFacts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,8 +87,11 @@ def test_a_core_without_team_limits_answers_the_hooks_with_nothing() -> None:
 
 
 @pytest.mark.parametrize("name", registry.routing_names())
-def test_every_router_subclasses_the_routing_contract(name: str) -> None:
-    assert isinstance(registry.router(name), Router)
+def test_every_router_subclasses_the_routing_contract_and_declares_its_hooks(name: str) -> None:
+    router = registry.router(name)
+    assert isinstance(router, Router)
+    overridden = {hook for hook in ROUTER_HOOKS if getattr(type(router), hook) is not getattr(Router, hook)}
+    assert router.hooks == overridden
 
 
 def _turns() -> tuple[RequestFacts, RequestFacts]:
