@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 from starlette.types import Message, Send
 
+from backends.config import BackendConfig
 from gateway.errors import GatewayError, error_body
 from gateway.proxy import Result, StreamWatch, read_usage, relay_stream, send_bytes
 
@@ -75,6 +76,9 @@ class Target:
     """The model name the backend serves (the alias is rewritten to it)."""
     rank: int | None
     """DP rank to pin (``routed_dp_rank``), None for a backend without DP attention."""
+    config: BackendConfig | None = None
+    """The backend's configuration, for a per-backend choice (e.g. a field saying the backend
+    serves ``/v1/responses`` itself, so a surface posts there instead of translating)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,7 +110,7 @@ class Upstream:
     ) -> AttemptEnd:
         """One attempt (see ``AttemptEnd``)."""
         rank = decision.rank if backend.dp_size > 1 else None
-        call = surface.upstream(req, Target(backend.name, backend.upstream_model, rank))
+        call = surface.upstream(req, Target(backend.name, backend.upstream_model, rank, backend.config))
         url = backend.url + call.path
         headers = {
             "content-type": "application/json",

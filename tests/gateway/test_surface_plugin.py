@@ -60,6 +60,9 @@ class ShoutSurface(Surface):
     name = "shout"
     path = "/v1/shout"
 
+    def __init__(self) -> None:
+        self.targets: list[Target] = []
+
     def parse(self, raw: bytes) -> ClientRequest:
         try:
             body = orjson.loads(raw)
@@ -78,6 +81,7 @@ class ShoutSurface(Surface):
         )
 
     def upstream(self, req: ClientRequest, target: Target) -> UpstreamCall:
+        self.targets.append(target)
         body: dict[str, Any] = {"model": target.upstream_model, "messages": req.native, "stream": req.stream}
         if req.stream:
             body["stream_options"] = {"include_usage": True}
@@ -110,8 +114,8 @@ def _config(url: str) -> Any:
     )
 
 
-def _app(url: str) -> Any:
-    return running(_config(url), surfaces=[*SURFACES, ShoutSurface()])
+def _app(url: str, surface: ShoutSurface | None = None) -> Any:
+    return running(_config(url), surfaces=[*SURFACES, surface or ShoutSurface()])
 
 
 async def test_a_translated_stream_reports_first_token_and_usage(upstream: FakeUpstream) -> None:
@@ -135,11 +139,15 @@ async def test_a_translated_stream_reports_first_token_and_usage(upstream: FakeU
 
 
 async def test_a_whole_answer_is_translated(upstream: FakeUpstream) -> None:
-    async with _app(upstream.url) as (_, client):
+    surface = ShoutSurface()
+    async with _app(upstream.url, surface) as (_, client):
         response = await client.post(
             "/v1/shout", json={"model": "kimi", "text": "hi"}, headers={"authorization": f"Bearer {KEY}"}
         )
     assert response.status_code == 200 and response.json() == {"text": "HELLO, WORLD!"}
+    (target,) = surface.targets
+    assert target.upstream_model == SERVED and target.rank is None
+    assert target.config is not None and target.config.url == upstream.url, "the builder may choose per backend"
 
 
 @pytest.mark.parametrize(
