@@ -1,18 +1,39 @@
 """What a request will produce, decided up front from its body (deterministic): output length,
-reasoning, tool calls, finish reason, and the context-length checks SGLang makes."""
+reasoning, tool calls, finish reason, and the context-length checks SGLang makes.
+
+- Context: every profile serves Kimi's context window, :data:`MAX_MODEL_LEN` tokens, whatever its KV
+  size (as a real server started with ``--context-length 262144``); a request is refused only when
+  its prompt, or prompt + ``max_tokens``, passes it (SGLang's 400). The engine then clamps the
+  output to what its KV pool can hold, as SGLang does.
+- Length: an answer's natural length is drawn from the ``coding-agent`` workload's answer
+  distribution, log-uniform over 200-1,500 tokens times the twin's answer scale (``--scale``),
+  seeded by the request's ``seed`` and prompt. The answer stops there (``finish_reason: stop``);
+  only a ``max_tokens`` smaller than that cuts it (``length``). ``ignore_eos: true`` generates
+  exactly ``max_tokens``, as on SGLang.
+- Tools: see :mod:`backends.sim.agent` (a fresh user turn gets a call on one offered tool, a tool
+  result gets text).
+"""
 
 from __future__ import annotations
 
-import json
+import math
+import random
 from typing import Any
 
-from backends.sim.chat_template import assistant_text, content_text
-from backends.sim.runtime import ApiError, Plan, Twin, seed_key
+from backends.sim.agent import choose_tool, tool_call, working_directory
+from backends.sim.chat_template import assistant_text
+from backends.sim.runtime import MAX_MODEL_LEN, ApiError, Plan, Twin, seed_key
 from backends.sim.tokenizer import count_tokens, filler_text
 
-TOOL_TRIGGER = "call"
-"""A chat request with ``tools`` whose last user message contains the word ``call`` (any case)
-answers with one tool call to the first tool (id ``functions.NAME:0``)."""
+ANSWER_TOKENS = (200, 1_500)
+"""The ``coding-agent`` workload's answer lengths (``loadtest/workload.py``), before scaling."""
+
+
+def answer_tokens(key: str, scale: float) -> int:
+    """An answer's natural length: log-uniform over :data:`ANSWER_TOKENS`, times ``scale``."""
+    lo, hi = ANSWER_TOKENS
+    rng = random.Random(key)
+    return max(1, round(math.exp(rng.uniform(math.log(lo), math.log(hi))) * scale))
 
 
 def plan_request(
@@ -24,8 +45,9 @@ def plan_request(
     seed: object,
     tool_call: dict[str, Any] | None = None,
     want_reasoning: bool = False,
+    ignore_eos: bool = False,
 ) -> Plan:
-    context = int(t.profile.context_length)
+    context = MAX_MODEL_LEN
     prompt_tokens = count_tokens(prompt_text)
     if prompt_tokens >= context:
         raise ApiError(
@@ -45,7 +67,9 @@ def plan_request(
     else:
         budget = context - prompt_tokens
     key = seed_key(seed, prompt_text)
-    natural = 64 + int(key, 16) % 449  # 64..512 tokens when the client sets no limit
+    natural = answer_tokens(key, t.answer_scale)
+    cut = max_tokens is not None and (ignore_eos or natural > budget)
+    target = budget if cut else natural
     dp_rank = body.get("routed_dp_rank", body.get("data_parallel_rank"))
     if dp_rank is not None and (
         isinstance(dp_rank, bool) or not isinstance(dp_rank, int) or not 0 <= dp_rank < t.engine.dp_size
@@ -53,22 +77,22 @@ def plan_request(
         raise ApiError(f"routed_dp_rank={dp_rank} is out of range [0, {t.engine.dp_size})")
     reasoning_text = ""
     if want_reasoning:
-        r = min(budget, max(1, natural // 3))
+        r = min(target, max(1, natural // 3))
         reasoning_text = filler_text(seed_key(key, "reasoning"), r)
-    room = budget - count_tokens(reasoning_text)
+    room = target - count_tokens(reasoning_text)
     calls: list[dict[str, Any]] | None = None
     if tool_call is not None:
         calls = [tool_call]
         markup = assistant_text("", calls)
-        if count_tokens(markup) <= room:
+        if count_tokens(markup) <= budget - count_tokens(reasoning_text):
             n_content = count_tokens(markup)
             content, finish, final = "", "tool_calls", markup
         else:
             calls = None
     if calls is None:
-        n_content = min(natural, room) if max_tokens is None else room
+        n_content = max(0, room)
         content = filler_text(key, n_content)
-        finish = "stop" if max_tokens is None else "length"
+        finish = "length" if cut else "stop"
         final = content
     output = count_tokens(reasoning_text) + n_content
     return Plan(
@@ -85,15 +109,30 @@ def plan_request(
     )
 
 
-def tool_call_for(body: dict[str, Any]) -> dict[str, Any] | None:
-    tools = body.get("tools")
-    if not tools or body.get("tool_choice") == "none":
+def call_for(tools: Any, tool_choice: Any, messages: list[Any], prompt_text: str) -> dict[str, Any] | None:
+    """The tool call that answers this chat turn, or None for a text answer (rules in ``agent``)."""
+    if not isinstance(tools, list) or not tools or tool_choice == "none":
         return None
-    users = [m for m in body.get("messages", []) if isinstance(m, dict) and m.get("role") == "user"]
-    if not users or TOOL_TRIGGER not in content_text(users[-1].get("content")).lower():
+    forced = tool_choice == "required" or isinstance(tool_choice, dict)
+    if not forced and not _fresh_user_turn(messages):
         return None
-    fn = (tools[0] or {}).get("function") or {}
-    name = str(fn.get("name", "tool"))
-    props = sorted(((fn.get("parameters") or {}).get("properties") or {}).keys())
-    args = json.dumps({p: f"value-{i}" for i, p in enumerate(props)}, sort_keys=True)
-    return {"id": f"functions.{name}:0", "type": "function", "function": {"name": name, "arguments": args}}
+    chosen = choose_tool(tools, tool_choice)
+    if chosen is None:
+        return None
+    calls_so_far = sum(
+        len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict) and m.get("role") == "assistant"
+    )
+    return tool_call(chosen[0], chosen[1], calls_so_far, working_directory(prompt_text))
+
+
+def _fresh_user_turn(messages: list[Any]) -> bool:
+    """The conversation ends with the user's message and no tool result since the last answer."""
+    if not messages or not isinstance(messages[-1], dict) or messages[-1].get("role") != "user":
+        return False
+    for m in reversed(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "assistant":
+            return True
+        if role == "tool":
+            return False
+    return True

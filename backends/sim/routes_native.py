@@ -23,7 +23,7 @@ from backends.sim import responses as R
 from backends.sim.engine import EngineEvent, RankLoad
 from backends.sim.httpio import finish_of, json_response, twin_of_request, validation_error
 from backends.sim.planner import plan_request
-from backends.sim.runtime import SGLANG_VERSION, ApiError, Live, Plan, Twin, tp_size
+from backends.sim.runtime import MAX_MODEL_LEN, SGLANG_VERSION, ApiError, Live, Plan, Twin, tp_size
 
 
 async def health(request: Request) -> Response:
@@ -48,6 +48,7 @@ async def model_info(request: Request) -> Response:
             "has_audio_understanding": False,
             "model_type": "kimi_k2",
             "architectures": ["DeepseekV3ForCausalLM"],
+            "max_model_len": MAX_MODEL_LEN,  # not in SGLang's reply: the twin says what context it serves
         }
     )
 
@@ -92,7 +93,8 @@ async def server_info(request: Request) -> Response:
         "max_running_requests": p.max_running_requests,
         "schedule_policy": "fcfs",
         "schedule_conservativeness": 1.0,
-        "context_length": p.context_length,
+        "context_length": MAX_MODEL_LEN,
+        "max_model_len": MAX_MODEL_LEN,
         "mem_fraction_static": float(getattr(p, "mem_fraction_static", 0.9)),
         "kv_cache_dtype": str(getattr(p, "kv_cache_dtype", "auto")),
         "enable_hierarchical_cache": bool(getattr(p, "host_kv_tokens", 0)),
@@ -102,7 +104,7 @@ async def server_info(request: Request) -> Response:
         "reasoning_parser": "kimi_k2",
         "tool_call_parser": "kimi_k2",
         "max_total_num_tokens": e.max_total_num_tokens,
-        "max_req_input_len": p.context_length - 1,
+        "max_req_input_len": min(MAX_MODEL_LEN, e.max_total_num_tokens) - 1,
         "startup_time": t.startup_time,
         "internal_states": states,
         "version": SGLANG_VERSION,
@@ -290,7 +292,14 @@ async def generate(request: Request) -> Response:
         if not isinstance(text, str):
             raise ApiError("Either text or input_ids should be provided.")
         sp = body.get("sampling_params") or {}
-        plan = plan_request(t, text, body, max_tokens=sp.get("max_new_tokens"), seed=sp.get("seed", ""))
+        plan = plan_request(
+            t,
+            text,
+            body,
+            max_tokens=sp.get("max_new_tokens"),
+            seed=sp.get("seed", ""),
+            ignore_eos=bool(sp.get("ignore_eos")),
+        )
     except orjson.JSONDecodeError:
         return json_response({"error": {"message": "JSON decode error"}}, 400)
     except ApiError as e:

@@ -29,8 +29,8 @@ from backends.sim.httpio import (
     stream_options,
     twin_of_request,
 )
-from backends.sim.planner import plan_request, tool_call_for
-from backends.sim.runtime import ApiError, Live, Plan, Twin
+from backends.sim.planner import call_for, plan_request
+from backends.sim.runtime import MAX_MODEL_LEN, ApiError, Live, Plan, Twin
 
 
 async def models(request: Request) -> Response:
@@ -46,7 +46,7 @@ def _card(t: Twin) -> dict[str, Any]:
         "owned_by": "sglang",
         "root": t.model,
         "parent": None,
-        "max_model_len": t.profile.context_length,
+        "max_model_len": MAX_MODEL_LEN,
     }
 
 
@@ -87,8 +87,9 @@ async def chat(request: Request) -> Response:
             body,
             max_tokens=max_tokens_of(body, "max_completion_tokens", "max_tokens"),
             seed=body.get("seed", ""),
-            tool_call=tool_call_for(body),
+            tool_call=call_for(tools, body.get("tool_choice", "auto"), messages, prompt),
             want_reasoning=thinking,
+            ignore_eos=bool(body.get("ignore_eos")),
         )
         include_usage, continuous = stream_options(body)
     except TemplateError as e:
@@ -210,7 +211,14 @@ async def completions(request: Request) -> Response:
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise ApiError("The twin supports one string prompt per completion request", err_type="Bad Request")
-        plan = plan_request(t, prompt, body, max_tokens=max_tokens_of(body, "max_tokens"), seed=body.get("seed", ""))
+        plan = plan_request(
+            t,
+            prompt,
+            body,
+            max_tokens=max_tokens_of(body, "max_tokens"),
+            seed=body.get("seed", ""),
+            ignore_eos=bool(body.get("ignore_eos")),
+        )
         include_usage, continuous = stream_options(body)
     except ApiError as e:
         return error_response(e)

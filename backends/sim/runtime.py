@@ -35,6 +35,8 @@ log = logging.getLogger("cachegate.twin")
 SGLANG_VERSION = "0.5.23"
 DEFAULT_MODEL = "moonshotai/Kimi-K2-Instruct"
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+MAX_MODEL_LEN = 262_144
+"""Kimi K2-0905 / K2-Thinking / K2.5's context window: what every profile serves (``max_model_len``)."""
 
 
 class ApiError(Exception):
@@ -106,6 +108,7 @@ class Twin:
         stream_interval_s: float,
         reasoning: bool,
         startup_delay_s: float,
+        answer_scale: float = 1.0,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
@@ -118,6 +121,7 @@ class Twin:
         self.stream_interval_s = stream_interval_s
         self.reasoning = reasoning
         self.startup_delay_s = startup_delay_s
+        self.answer_scale = answer_scale
         self.live: dict[str, Live] = {}
         self.max_live = 0
         """Most requests in the twin at once (tests count concurrency at the backend with it)."""

@@ -34,6 +34,7 @@ def create_app(
     stream_interval_s: float = 0.03,
     reasoning: bool = False,
     startup_delay_s: float = 0.0,
+    answer_scale: float = 1.0,
     engine_factory: Callable[..., Any] | None = None,
 ) -> Starlette:
     """A Starlette app serving one simulated SGLang 0.5.23 server.
@@ -41,9 +42,9 @@ def create_app(
     ``profile``: a profile name or object. ``cache_report=False`` mimics a server started without
     ``--enable-cache-report`` (``prompt_tokens_details`` null). ``reasoning=True`` (or a request with
     ``chat_template_kwargs: {"thinking": true}``) streams about a third of the answer as
-    ``reasoning_content`` first. Tool calls: see :data:`TOOL_TRIGGER`. Output length: ``max_tokens``
-    / ``max_completion_tokens`` / ``max_new_tokens`` when given (finish ``length``), else 64-512 tokens
-    chosen from the prompt (finish ``stop``). ``startup_delay_s``: /health answers 503 that long.
+    ``reasoning_content`` first. Tool calls: :mod:`backends.sim.agent`. Output length and context:
+    :mod:`backends.sim.planner` (``answer_scale`` multiplies the 200-1,500-token answers).
+    ``startup_delay_s``: /health answers 503 that long.
     """
     from backends.sim import engine as engine_mod
     from backends.sim import profiles as profiles_mod
@@ -61,6 +62,7 @@ def create_app(
         stream_interval_s=stream_interval_s,
         reasoning=reasoning,
         startup_delay_s=startup_delay_s,
+        answer_scale=answer_scale,
     )
 
     @contextlib.asynccontextmanager
