@@ -23,6 +23,11 @@ def sim_backend(
     scale: float = typer.Option(
         1.0, help="Multiply answer lengths (log-uniform 200-1,500 tokens), like the load generator's --scale."
     ),
+    routes: str = typer.Option(
+        "all",
+        help="Client surfaces served: all (SGLang 0.5.23: /v1/responses and /v1/messages), responses, or chat "
+        "(an older build: chat and completions only, so a gateway must translate).",
+    ),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
 ) -> None:
     """Run a simulated SGLang server (replaced by :data:`HELP` below)."""
@@ -45,6 +50,7 @@ def sim_backend(
             abort_delay_s=abort_delay,
             reasoning=reasoning,
             answer_scale=scale,
+            routes=routes,
         )
     except ValueError as exc:
         typer.echo(f"cachegate sim-backend: {exc}", err=True)

@@ -21,7 +21,7 @@ import random
 from typing import Any
 
 from backends.sim.agent import choose_tool, tool_call, working_directory
-from backends.sim.chat_template import assistant_text
+from backends.sim.chat_template import assistant_text, render_chat
 from backends.sim.runtime import MAX_MODEL_LEN, ApiError, Plan, Twin, seed_key
 from backends.sim.tokenizer import count_tokens, filler_text
 
@@ -106,6 +106,24 @@ def plan_request(
         finish_reason=finish,
         final_text=final,
         dp_rank=dp_rank,
+    )
+
+
+def plan_chat(t: Twin, body: dict[str, Any], max_tokens: Any, *, thinking: bool) -> Plan:
+    """Plan a chat-shaped request (``messages``, ``tools``, ``tool_choice``; also what the Messages
+    and Responses routes convert to). Raises ``TemplateError`` or ``ApiError``."""
+    messages = body["messages"]
+    tools = body.get("tools")
+    prompt = render_chat(messages, tools if isinstance(tools, list) else None)
+    return plan_request(
+        t,
+        prompt,
+        body,
+        max_tokens=max_tokens,
+        seed=body.get("seed", ""),
+        tool_call=call_for(tools, body.get("tool_choice", "auto"), messages, prompt),
+        want_reasoning=t.reasoning or thinking,
+        ignore_eos=bool(body.get("ignore_eos")),
     )
 
 

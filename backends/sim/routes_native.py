@@ -362,3 +362,22 @@ def _ids(text: str, n: int) -> list[int]:
     """Deterministic stand-in token ids for the first ``n`` 4-byte tokens of ``text``."""
     data = text.encode()
     return [int.from_bytes(data[4 * i : 4 * i + 4].ljust(4, b" "), "little") % 163840 for i in range(n)]
+
+
+async def root(request: Request) -> Response:
+    """``GET``/``HEAD /``: FastAPI's JSON string (Claude Code sends ``HEAD /`` first)."""
+    return json_response("SGLang is running")
+
+
+async def openapi(request: Request) -> Response:
+    """``/openapi.json``: the paths this twin serves (a gateway reads it to detect the surfaces)."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in request.app.routes:
+        path = getattr(route, "path", None)
+        if not path or path.startswith("/_twin") or path == "/openapi.json":
+            continue
+        for method in sorted(getattr(route, "methods", None) or ()):
+            if method != "HEAD" or path == "/":
+                paths.setdefault(path.replace(":path}", "}"), {})[method.lower()] = {"responses": {"200": {}}}
+    info = {"title": "FastAPI", "version": "0.1.0"}
+    return json_response({"openapi": "3.1.0", "info": info, "paths": paths})

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from backends.sim import responses as R
-from backends.sim.chat_template import TemplateError, render_chat
+from backends.sim.chat_template import TemplateError
 from backends.sim.engine import EngineEvent
 from backends.sim.httpio import (
     error_response,
@@ -29,7 +29,7 @@ from backends.sim.httpio import (
     stream_options,
     twin_of_request,
 )
-from backends.sim.planner import call_for, plan_request
+from backends.sim.planner import plan_chat, plan_request
 from backends.sim.runtime import MAX_MODEL_LEN, ApiError, Live, Plan, Twin
 
 
@@ -77,20 +77,9 @@ async def chat(request: Request) -> Response:
             raise ApiError(
                 "1 validation error for ChatCompletionRequest\nmessages\n  Field required", err_type="Bad Request"
             )
-        tools = body.get("tools")
-        prompt = render_chat(messages, tools if isinstance(tools, list) else None)
         kwargs = body.get("chat_template_kwargs") or {}
-        thinking = t.reasoning or bool(kwargs.get("thinking") or kwargs.get("enable_thinking"))
-        plan = plan_request(
-            t,
-            prompt,
-            body,
-            max_tokens=max_tokens_of(body, "max_completion_tokens", "max_tokens"),
-            seed=body.get("seed", ""),
-            tool_call=call_for(tools, body.get("tool_choice", "auto"), messages, prompt),
-            want_reasoning=thinking,
-            ignore_eos=bool(body.get("ignore_eos")),
-        )
+        thinking = bool(kwargs.get("thinking") or kwargs.get("enable_thinking"))
+        plan = plan_chat(t, body, max_tokens_of(body, "max_completion_tokens", "max_tokens"), thinking=thinking)
         include_usage, continuous = stream_options(body)
     except TemplateError as e:
         return error_response(ApiError(str(e)))

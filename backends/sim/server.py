@@ -2,8 +2,11 @@
 
 Modules: ``runtime`` (the :class:`Twin`: engine, wall clock, requests in flight, disconnects),
 ``planner`` (what a request will produce), ``httpio`` (shared HTTP plumbing), ``routes_openai``
-(chat, completions, models), ``routes_native`` (health, info, loads, metrics, generate, abort),
-``responses`` (SGLang's JSON bodies). This module wires them into one Starlette app.
+(chat, completions, models), ``routes_native`` (health, info, loads, metrics, generate, abort, ``/``,
+``/openapi.json``), ``routes_responses`` + ``responses_api`` (``/v1/responses``), ``routes_messages`` +
+``anthropic`` (``/v1/messages``), ``streaming`` (output pieces), ``responses`` (SGLang's chat JSON
+bodies). This module wires them into one Starlette app; ``routes`` chooses which client surfaces
+it serves (:data:`ROUTE_SETS`).
 """
 
 from __future__ import annotations
@@ -15,11 +18,23 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from backends.sim import routes_messages as messages_routes
 from backends.sim import routes_native as native
 from backends.sim import routes_openai as openai_routes
+from backends.sim import routes_responses as responses_routes
+from backends.sim.responses_api import Store
 from backends.sim.runtime import DEFAULT_MODEL, SGLANG_VERSION, ApiError, Twin, tp_size
 
-__all__ = ["DEFAULT_MODEL", "SGLANG_VERSION", "ApiError", "Twin", "create_app", "tp_size"]
+__all__ = ["DEFAULT_MODEL", "ROUTE_SETS", "SGLANG_VERSION", "ApiError", "Twin", "create_app", "tp_size"]
+
+ROUTE_SETS: dict[str, frozenset[str]] = {
+    "all": frozenset({"responses", "messages"}),
+    "responses": frozenset({"responses"}),
+    "chat": frozenset(),
+}
+"""Which client surfaces beyond chat and completions a twin serves: ``all`` (SGLang 0.5.23),
+``responses`` (a build from before ``/v1/messages``), ``chat`` (an older build or another engine:
+chat, completions and the native routes only)."""
 
 
 def create_app(
@@ -35,6 +50,7 @@ def create_app(
     reasoning: bool = False,
     startup_delay_s: float = 0.0,
     answer_scale: float = 1.0,
+    routes: str = "all",
     engine_factory: Callable[..., Any] | None = None,
 ) -> Starlette:
     """A Starlette app serving one simulated SGLang 0.5.23 server.
@@ -44,8 +60,10 @@ def create_app(
     ``chat_template_kwargs: {"thinking": true}``) streams about a third of the answer as
     ``reasoning_content`` first. Tool calls: :mod:`backends.sim.agent`. Output length and context:
     :mod:`backends.sim.planner` (``answer_scale`` multiplies the 200-1,500-token answers).
-    ``startup_delay_s``: /health answers 503 that long.
+    ``startup_delay_s``: /health answers 503 that long. ``routes``: a key of :data:`ROUTE_SETS`.
     """
+    if routes not in ROUTE_SETS:
+        raise ValueError(f"unknown route set {routes!r}; choose one of: {', '.join(ROUTE_SETS)}")
     from backends.sim import engine as engine_mod
     from backends.sim import profiles as profiles_mod
 
@@ -73,7 +91,7 @@ def create_app(
         finally:
             await twin.stop()
 
-    routes = [
+    table = [
         Route("/health", native.health, methods=["GET"]),
         Route("/health_generate", native.health, methods=["GET"]),
         Route("/get_model_info", native.model_info, methods=["GET"]),
@@ -90,7 +108,21 @@ def create_app(
         Route("/v1/chat/completions", openai_routes.chat, methods=["POST"]),
         Route("/v1/completions", openai_routes.completions, methods=["POST"]),
         Route("/_twin/last_traceparent", native.last_traceparent, methods=["GET"]),
+        Route("/", native.root, methods=["GET", "HEAD"]),
+        Route("/openapi.json", native.openapi, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    if "responses" in ROUTE_SETS[routes]:
+        table += [
+            Route("/v1/responses", responses_routes.create, methods=["POST"]),
+            Route("/v1/responses/{response_id}", responses_routes.retrieve, methods=["GET"]),
+            Route("/v1/responses/{response_id}/cancel", responses_routes.cancel, methods=["POST"]),
+        ]
+    if "messages" in ROUTE_SETS[routes]:
+        table += [
+            Route("/v1/messages", messages_routes.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", messages_routes.count_tokens_route, methods=["POST"]),
+        ]
+    app = Starlette(routes=table, lifespan=lifespan)
     app.state.twin = twin
+    app.state.responses_store = Store()
     return app
