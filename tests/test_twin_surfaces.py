@@ -151,3 +151,17 @@ def test_responses_stream_events(url: str) -> None:
         last = sse(r)[-1][1]
     assert last["type"] == "response.incomplete"
     assert last["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_a_system_message_after_the_user_turn_still_gets_a_call(url: str) -> None:
+    """Claude Code puts a ``system`` message after the user's; SGLang merges it into the system prompt."""
+    body = {"model": "kimi", "max_tokens": 32000, "tools": [READ_A], "system": [{"type": "text", "text": "Be a CLI."}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"},
+                                                      {"type": "text", "text": "what is here?"}]},
+                         {"role": "system", "content": "Working directory: /srv/repo"}]}
+    r = httpx.post(f"{url}/v1/messages?beta=true", json=body, headers={"anthropic-version": "2023-06-01"}, timeout=30)
+    assert r.status_code == 200 and r.json()["stop_reason"] == "tool_use"
+    assert r.json()["content"][-1]["input"] == {"file_path": "README.md"}
+    seen = httpx.get(f"{url}/_twin/requests").json()
+    assert seen[-2]["query"] == "beta=true" and seen[-2]["headers"]["anthropic-version"] == "2023-06-01"
+    assert seen[-1]["finish"] == "tool_calls" and seen[-1]["tool"] == "Read" and seen[-1]["tools"] == ["Read"]

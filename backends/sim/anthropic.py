@@ -61,13 +61,22 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         raise MessagesError("messages: Input should be a valid list")
     messages: list[dict[str, Any]] = []
     system = body.get("system")
-    system_text = system.strip() if isinstance(system, str) else _text(system)
-    if system_text:
-        messages.append({"role": "system", "content": system if isinstance(system, str) else system_text})
+    system_parts = [system] if isinstance(system, str) and system.strip() else []
+    if isinstance(system, list):
+        system_parts += [
+            str(b["text"]) for b in system if isinstance(b, dict) and b.get("type") == "text" and b.get("text")
+        ]
     for msg in body["messages"]:
         if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant", "system"):
             raise MessagesError("messages: each message needs a role of user or assistant")
+        if msg["role"] == "system":  # Claude Code sends one; merged into the system prompt (Kimi's template)
+            text = _text(msg.get("content")).strip()
+            if text:
+                system_parts.append(text)
+            continue
         messages.extend(_convert_message(msg))
+    if system_parts:
+        messages.insert(0, {"role": "system", "content": "\n".join(system_parts)})
     chat: dict[str, Any] = {"messages": messages, "model": body["model"], "max_tokens": body["max_tokens"]}
     tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and not is_server_tool(t)]
     if tools:

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from backends.sim import responses as R
+from backends.sim.agent import tool_spec
 from backends.sim.engine import EngineEvent
 from backends.sim.runtime import ApiError, Plan, Twin
 
@@ -76,6 +77,11 @@ async def run_plan(
         live = t.submit(rid, plan, stream)
     except ApiError as e:
         return error_response(e)
+    call = (plan.tool_calls or [{}])[0].get("function", {}).get("name")
+    t.requests.append({"rid": rid, "path": request.url.path, "model": body.get("model"), "stream": stream,
+                       "prompt_tokens": plan.prompt_tokens, "max_new_tokens": plan.max_new_tokens,
+                       "finish": plan.finish_reason, "tool": call,
+                       "tools": [spec[0] for spec in map(tool_spec, body.get("tools") or []) if spec]})  # fmt: skip
     model = str(body.get("model") or t.model)
     created = int(time.time())
     if await t.wait_or_disconnect(live.first, live, request) is None:

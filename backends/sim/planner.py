@@ -144,10 +144,12 @@ def call_for(tools: Any, tool_choice: Any, messages: list[Any], prompt_text: str
 
 
 def _fresh_user_turn(messages: list[Any]) -> bool:
-    """The conversation ends with the user's message and no tool result since the last answer."""
-    if not messages or not isinstance(messages[-1], dict) or messages[-1].get("role") != "user":
+    """The conversation ends with the user's message (system messages after it aside) and no tool
+    result since the last answer."""
+    turn = [m for m in messages if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))]
+    if not turn or not isinstance(turn[-1], dict) or turn[-1].get("role") != "user":
         return False
-    for m in reversed(messages):
+    for m in reversed(turn):
         role = m.get("role") if isinstance(m, dict) else None
         if role == "assistant":
             return True

@@ -381,3 +381,8 @@ async def openapi(request: Request) -> Response:
                 paths.setdefault(path.replace(":path}", "}"), {})[method.lower()] = {"responses": {"200": {}}}
     info = {"title": "FastAPI", "version": "0.1.0"}
     return json_response({"openapi": "3.1.0", "info": info, "paths": paths})
+
+
+async def seen_requests(request: Request) -> Response:
+    """``GET /_twin/requests`` (twin-only): what :attr:`Twin.requests` recorded, oldest first."""
+    return json_response(list(twin_of_request(request).requests))

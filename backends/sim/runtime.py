@@ -20,7 +20,7 @@ import hashlib
 import logging
 import re
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +126,9 @@ class Twin:
         self.max_live = 0
         """Most requests in the twin at once (tests count concurrency at the backend with it)."""
         self.traceparents: OrderedDict[str, dict[str, str | None]] = OrderedDict()
+        self.requests: deque[dict[str, Any]] = deque(maxlen=512)
+        """The last requests seen (method, path, query, client headers, status; what each generation
+        decided): ``GET /_twin/requests``, for tests and for seeing what a client sends."""
         self.last_trace: dict[str, str | None] = {"rid": None, "traceparent": None, "tracestate": None}
         self.ready = False
         self.failed: Exception | None = None

@@ -16,7 +16,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backends.sim import routes_messages as messages_routes
 from backends.sim import routes_native as native
@@ -35,6 +37,40 @@ ROUTE_SETS: dict[str, frozenset[str]] = {
 """Which client surfaces beyond chat and completions a twin serves: ``all`` (SGLang 0.5.23),
 ``responses`` (a build from before ``/v1/messages``), ``chat`` (an older build or another engine:
 chat, completions and the native routes only)."""
+
+HEADERS_SEEN = ("user-agent", "anthropic-version", "anthropic-beta", "openai-beta", "x-stainless-lang", "originator")
+"""Client headers :class:`RecordRequests` keeps (values); of ``authorization`` and ``x-api-key`` only
+whether they were sent."""
+
+
+class RecordRequests:
+    """ASGI middleware: one entry per request in :attr:`Twin.requests` (method, path, query, the
+    client headers of :data:`HEADERS_SEEN`, status)."""
+
+    def __init__(self, app: ASGIApp, twin: Twin) -> None:
+        self.app, self.twin = app, twin
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith("/_twin/"):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode().lower(): v.decode(errors="replace") for k, v in scope["headers"]}
+        entry: dict[str, Any] = {
+            "method": scope["method"],
+            "path": scope["path"],
+            "query": scope["query_string"].decode(errors="replace"),
+            "headers": {k: headers[k] for k in HEADERS_SEEN if k in headers},
+            "auth": sorted(k for k in ("authorization", "x-api-key") if k in headers),
+            "status": None,
+        }
+        self.twin.requests.append(entry)
+
+        async def send_and_note(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                entry["status"] = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, send_and_note)
 
 
 def create_app(
@@ -108,6 +144,7 @@ def create_app(
         Route("/v1/chat/completions", openai_routes.chat, methods=["POST"]),
         Route("/v1/completions", openai_routes.completions, methods=["POST"]),
         Route("/_twin/last_traceparent", native.last_traceparent, methods=["GET"]),
+        Route("/_twin/requests", native.seen_requests, methods=["GET"]),
         Route("/", native.root, methods=["GET", "HEAD"]),
         Route("/openapi.json", native.openapi, methods=["GET"]),
     ]
@@ -122,7 +159,7 @@ def create_app(
             Route("/v1/messages", messages_routes.messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", messages_routes.count_tokens_route, methods=["POST"]),
         ]
-    app = Starlette(routes=table, lifespan=lifespan)
+    app = Starlette(routes=table, lifespan=lifespan, middleware=[Middleware(RecordRequests, twin=twin)])
     app.state.twin = twin
     app.state.responses_store = Store()
     return app
