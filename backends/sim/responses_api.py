@@ -160,7 +160,8 @@ def response(
 ) -> dict[str, Any]:  # fmt: skip
     """``ResponsesResponse.from_request``, dumped."""
     text_only = bool(output) and all(i["type"] == "message" for i in output)
-    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    raw = body.get("reasoning")
+    reasoning: dict[str, Any] = raw if isinstance(raw, dict) else {}
     effort = reasoning.get("effort") if reasoning.get("effort") in ("low", "medium", "high") else None
     return {
         "id": rid,
