@@ -173,7 +173,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kind = item.get("type") or ("message" if "role" in item else None)
         if kind == "message":
             role = item.get("role")
-            content = _content(item.get("content"), where)
+            content = _content(item.get("content"), f"{where}.content")
             if role == "assistant":
                 if turn is None or "content" in turn or "tool_calls" in turn:
                     flush()
@@ -364,6 +364,8 @@ def from_chat(completion: dict[str, Any], req: ResponsesRequest, response_id: st
         fn = call.get("function") or {}
         output.append(function_call_item(new_id("fc_"), str(call.get("id") or new_id("call_")),
                                          str(fn.get("name") or ""), str(fn.get("arguments") or ""), status))
+    if not output:  # an empty answer is still one (empty) message, as the API gives
+        output.append(message_item(new_id("msg_"), "", status))
     return response_object(req, response_id, created_at, status, output,
                            response_usage(completion.get("usage")), reason)
 

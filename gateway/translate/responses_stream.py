@@ -123,20 +123,9 @@ class ResponsesStream:
         out: list[bytes] = []
         item = self._current
         if item is None or item.kind != kind:
-            out.append(self._close_open())
-            item = self._current = self._add(kind)
-            out.append(self._event("response.output_item.added", output_index=item.output_index,
-                                   item=self._item_body(item, "in_progress", empty=True)))
-            ids = {"item_id": item.item_id, "output_index": item.output_index}
-            if kind == "message":
-                out.append(self._event("response.content_part.added", **ids, content_index=0,
-                                       part={"type": "output_text", "text": "", "annotations": []}))
-            elif self.req.wants_summary:
-                out.append(self._event("response.reasoning_summary_part.added", **ids, summary_index=0,
-                                       part={"type": "summary_text", "text": ""}))
-            else:
-                out.append(self._event("response.content_part.added", **ids, content_index=0,
-                                       part={"type": "reasoning_text", "text": ""}))
+            out.append(self._begin(kind))
+            item = self._current
+            assert item is not None
         item.text += text
         ids = {"item_id": item.item_id, "output_index": item.output_index}
         if kind == "message":
@@ -145,6 +134,24 @@ class ResponsesStream:
             out.append(self._event("response.reasoning_summary_text.delta", **ids, summary_index=0, delta=text))
         else:
             out.append(self._event("response.reasoning_text.delta", **ids, content_index=0, delta=text))
+        return b"".join(out)
+
+    def _begin(self, kind: str) -> bytes:
+        """Open a reasoning or message item and its one part."""
+        out = [self._close_open()]
+        item = self._current = self._add(kind)
+        out.append(self._event("response.output_item.added", output_index=item.output_index,
+                               item=self._item_body(item, "in_progress", empty=True)))
+        ids = {"item_id": item.item_id, "output_index": item.output_index}
+        if kind == "message":
+            out.append(self._event("response.content_part.added", **ids, content_index=0,
+                                   part={"type": "output_text", "text": "", "annotations": []}))
+        elif self.req.wants_summary:
+            out.append(self._event("response.reasoning_summary_part.added", **ids, summary_index=0,
+                                   part={"type": "summary_text", "text": ""}))
+        else:
+            out.append(self._event("response.content_part.added", **ids, content_index=0,
+                                   part={"type": "reasoning_text", "text": ""}))
         return b"".join(out)
 
     def _tool(self, call: dict[str, Any]) -> bytes:
@@ -235,6 +242,8 @@ class ResponsesStream:
         for index, pending in sorted(self._pending_args.items()):  # a call whose name never came
             if pending:
                 out.append(self._tool({"index": index, "function": {"name": "unknown", "arguments": ""}}))
+        if not self.items:  # an empty answer is still one (empty) message, as the API gives
+            out.append(self._begin("message"))
         out.append(self._close_open())
         reason = incomplete_reason(self.finish_reason)
         status = "incomplete" if reason else "completed"
