@@ -76,8 +76,13 @@ class MemoryResponseStore:
     """An LRU of serialised records bounded by ``max_entries`` and ``max_bytes``; each expires
     ``ttl_s`` after its last write (``clock``: seconds, monotonic)."""
 
-    def __init__(self, max_entries: int = 1024, max_bytes: int = 256 * 1024 * 1024, ttl_s: float = 3600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_entries: int = 1024,
+        max_bytes: int = 256 * 1024 * 1024,
+        ttl_s: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
@@ -159,8 +164,9 @@ return status
 class RedisResponseStore:
     """Records in Redis, shared by every replica (key ``{prefix}{id}``, TTL ``ttl_s``)."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str = "cachegate:resp:", ttl_s: float = 86400.0,
-                 owns_client: bool = False) -> None:
+    def __init__(
+        self, client: aioredis.Redis, prefix: str = "cachegate:resp:", ttl_s: float = 86400.0, owns_client: bool = False
+    ) -> None:
         self.redis = client
         self.prefix = prefix
         self.ttl_ms = max(1, round(ttl_s * 1000))
