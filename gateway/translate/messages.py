@@ -271,7 +271,9 @@ def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind not in ("auto", "any", "tool", "none"):
         raise bad("tool_choice: type must be auto, any, tool or none.", "tool_choice")
-    if kind == "none" or not chat.get("tools"):
+    if not chat.get("tools"):
+        return  # nothing to choose from (every tool was a server tool, or none was given)
+    if kind == "none":
         chat["tool_choice"] = "none"
         return
     if choice.get("disable_parallel_tool_use") is True:
