@@ -5,12 +5,13 @@ Request: ``instructions`` becomes the first system message; input items (after t
 are (developer → system), consecutive ``reasoning`` + assistant ``message`` + ``function_call``
 items fold into one assistant message (``reasoning_content``, ``content``, ``tool_calls``), each
 ``function_call_output`` becomes a ``role: tool`` message. ``call_id`` is the chat tool-call id,
-kept byte for byte (Kimi's ``functions.NAME:IDX``). Function tools are flattened the other way;
-hosted tools (web search, …) have no backend to run them and are dropped.
+kept byte for byte (Kimi's ``functions.NAME:IDX``). Tools: see ``responses_tools`` (function tools
+flattened, custom tools as one-string functions, hosted tools dropped).
 
 Answer: ``reasoning_content`` → a ``reasoning`` item (raw text in ``content``; mirrored into
 ``summary`` when the request asked for ``reasoning.summary``, as SGLang does), ``content`` → a
-``message`` item with one ``output_text`` part, each tool call → a ``function_call`` item.
+``message`` item with one ``output_text`` part, each tool call → a ``function_call`` item (a
+``custom_tool_call`` for a custom tool).
 ``finish_reason: length`` → ``status: incomplete``. Streaming lives in ``responses_stream``.
 """
 
@@ -23,6 +24,7 @@ import orjson
 
 from gateway.errors import error_body
 from gateway.translate.common import ChatUsage, bad, new_id, read_upstream_error
+from gateway.translate.responses_tools import chat_tool_choice, custom_arguments, custom_input, read_tools
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 _EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
@@ -51,6 +53,7 @@ class ResponsesRequest:
     session_hint: str | None
     echo: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] = field(default_factory=list)
+    custom_tools: frozenset[str] = frozenset()
 
 
 def load_body(raw: bytes) -> dict[str, Any]:
@@ -99,11 +102,10 @@ def to_chat(body: dict[str, Any], prior_items: list[dict[str, Any]] | None = Non
     if not messages:
         raise bad("'input' must contain at least one item.", "input")
     chat: dict[str, Any] = {"model": model, "messages": messages, "stream": stream}
-    tools = _tools(body.get("tools"))
-    if tools:
-        chat["tools"] = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
-                         for t in tools]
-        choice = _tool_choice(body.get("tool_choice"))
+    tools = read_tools(body.get("tools"))
+    if tools.chat:
+        chat["tools"] = tools.chat
+        choice = chat_tool_choice(body.get("tool_choice"))
         if choice is not None:
             chat["tool_choice"] = choice
     max_out = body.get("max_output_tokens")
@@ -131,7 +133,7 @@ def to_chat(body: dict[str, Any], prior_items: list[dict[str, Any]] | None = Non
     hint = body.get("prompt_cache_key") or body.get("user")
     echo = {k: body[k] for k in _ECHO if k in body}
     return ResponsesRequest(chat, items, model, stream, store, wants_summary, previous_response_id(body),
-                            hint if isinstance(hint, str) else None, echo, tools)
+                            hint if isinstance(hint, str) else None, echo, tools.echo, tools.custom)
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
@@ -204,7 +206,15 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 turn = {"role": "assistant"}
             turn.setdefault("tool_calls", []).append(
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            call_id, name, text = item.get("call_id"), item.get("name"), item.get("input", "")
+            if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(text, str):
+                raise bad(f"'{where}' needs string 'call_id', 'name' and 'input'.", where)
+            if turn is None:
+                turn = {"role": "assistant"}
+            turn.setdefault("tool_calls", []).append(
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": custom_arguments(text)}})
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise bad(f"'{where}.call_id' must be a string.", f"{where}.call_id")
@@ -213,7 +223,8 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                              "content": _content(item.get("output"), f"{where}.output")})
         else:
             raise bad(f"'{where}': input items of type {kind!r} are not supported by this gateway "
-                      "(supported: message, reasoning, function_call, function_call_output).", where)
+                      "(supported: message, reasoning, function_call, function_call_output, custom_tool_call, "
+                      "custom_tool_call_output).", where)
     flush()
     return messages
 
@@ -255,36 +266,6 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
     if len(parts) == 1 and parts[0]["type"] == "text":
         return parts[0]["text"]
     return parts
-
-
-def _tools(value: Any) -> list[dict[str, Any]]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise bad("'tools' must be an array.", "tools")
-    out = []
-    for i, tool in enumerate(value):
-        if not isinstance(tool, dict):
-            raise bad(f"'tools[{i}]' must be an object.", f"tools[{i}]")
-        if tool.get("type") != "function":
-            continue  # hosted tools: nothing behind a chat backend can run them
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise bad(f"'tools[{i}].name' is required.", f"tools[{i}].name")
-        out.append({k: tool[k] for k in ("type", "name", "description", "parameters", "strict")
-                    if tool.get(k) is not None})
-    return out
-
-
-def _tool_choice(value: Any) -> Any:
-    if value is None or value in ("auto", "none", "required"):
-        return value
-    if isinstance(value, dict):
-        if value.get("type") == "function" and isinstance(value.get("name"), str):
-            return {"type": "function", "function": {"name": value["name"]}}
-        if value.get("type") == "allowed_tools":
-            return "required" if value.get("mode") == "required" else "auto"
-        return "auto"
-    raise bad("'tool_choice' must be auto, none, required or a tool.", "tool_choice")
 
 
 # ---- the answer ----
@@ -345,6 +326,10 @@ def function_call_item(item_id: str, call_id: str, name: str, arguments: str, st
             "arguments": arguments}
 
 
+def custom_call_item(item_id: str, call_id: str, name: str, text: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "custom_tool_call", "call_id": call_id, "name": name, "input": text}
+
+
 def from_chat(completion: dict[str, Any], req: ResponsesRequest, response_id: str,
               created_at: float) -> dict[str, Any]:
     """A non-streamed chat completion → the Response object."""
@@ -362,8 +347,12 @@ def from_chat(completion: dict[str, Any], req: ResponsesRequest, response_id: st
         output.append(message_item(new_id("msg_"), text, status))
     for call in message.get("tool_calls") or []:
         fn = call.get("function") or {}
-        output.append(function_call_item(new_id("fc_"), str(call.get("id") or new_id("call_")),
-                                         str(fn.get("name") or ""), str(fn.get("arguments") or ""), status))
+        name, arguments = str(fn.get("name") or ""), str(fn.get("arguments") or "")
+        call_id = str(call.get("id") or new_id("call_"))
+        if name in req.custom_tools:
+            output.append(custom_call_item(new_id("ctc_"), call_id, name, custom_input(arguments)))
+        else:
+            output.append(function_call_item(new_id("fc_"), call_id, name, arguments, status))
     if not output:  # an empty answer is still one (empty) message, as the API gives
         output.append(message_item(new_id("msg_"), "", status))
     return response_object(req, response_id, created_at, status, output,

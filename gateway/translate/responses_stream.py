@@ -8,9 +8,11 @@
   ``response.reasoning_summary_text.delta`` when the request asked for ``reasoning.summary``;
 - content deltas → a ``message`` item with one ``output_text`` part: ``response.output_text.delta``;
 - tool-call deltas → one ``function_call`` item per chat tool-call index, ``call_id`` = the chat id
-  kept intact, ``response.function_call_arguments.delta`` per fragment. Function-call items stay
-  open until the tool phase ends (another kind of output, or the finish), so a fragment that
-  arrives late for an earlier call is still delivered and counted in that item's ``.done``.
+  kept intact, ``response.function_call_arguments.delta`` per fragment (a custom tool's call is a
+  ``custom_tool_call`` item whose input, a string inside the model's JSON, is sent whole at its
+  end). Function-call items stay open until the tool phase ends (another kind of output, or the
+  finish), so a fragment that arrives late for an earlier call is still delivered and counted in
+  that item's ``.done``.
 
 ``start()`` gives ``response.created`` + ``response.in_progress`` and may be sent before the first
 upstream chunk. ``finish()`` closes every open item and ends with ``response.completed`` (or
@@ -26,6 +28,7 @@ from typing import Any
 from gateway.translate.common import new_id, read_upstream_error, sse_event
 from gateway.translate.responses import (
     ResponsesRequest,
+    custom_call_item,
     function_call_item,
     incomplete_reason,
     message_item,
@@ -33,11 +36,12 @@ from gateway.translate.responses import (
     response_object,
     response_usage,
 )
+from gateway.translate.responses_tools import custom_input
 
 
 @dataclass(slots=True)
 class _Item:
-    kind: str  # "reasoning" | "message" | "function_call"
+    kind: str  # "reasoning" | "message" | "function_call" | "custom_tool_call"
     item_id: str
     output_index: int
     text: str = ""
@@ -114,7 +118,8 @@ class ResponsesStream:
         return b"".join(out)
 
     def _add(self, kind: str, **fields: Any) -> _Item:
-        item = _Item(kind, new_id({"reasoning": "rs_", "message": "msg_", "function_call": "fc_"}[kind]),
+        prefix = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_"}[kind]
+        item = _Item(kind, new_id(prefix),
                      len(self.items), **fields)
         self.items.append(item)
         return item
@@ -169,12 +174,15 @@ class ResponsesStream:
             if self._current is not None:
                 out.append(self._close_open())
             call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else new_id("call_")
-            item = self.calls[index] = self._add("function_call", call_id=call_id, name=name)
+            kind = "custom_tool_call" if name in self.req.custom_tools else "function_call"
+            item = self.calls[index] = self._add(kind, call_id=call_id, name=name)
             out.append(self._event("response.output_item.added", output_index=item.output_index,
                                    item=self._item_body(item, "in_progress", empty=True)))
             fragment = self._pending_args.pop(index, "") + fragment
         if fragment:
             item.text += fragment
+            if item.kind == "custom_tool_call":  # its input is a string inside the JSON: sent whole at the end
+                return b"".join(out)
             out.append(self._event("response.function_call_arguments.delta", item_id=item.item_id,
                                    output_index=item.output_index, delta=fragment))
         return b"".join(out)
@@ -195,6 +203,8 @@ class ResponsesStream:
             if empty:
                 body["content"] = []
             return body
+        if item.kind == "custom_tool_call":
+            return custom_call_item(item.item_id, item.call_id, item.name, custom_input(text) if text else "")
         return function_call_item(item.item_id, item.call_id, item.name, text, status)
 
     def _close(self, item: _Item) -> bytes:
@@ -216,6 +226,11 @@ class ResponsesStream:
             out.append(self._event("response.reasoning_text.done", **ids, content_index=0, text=item.text))
             out.append(self._event("response.content_part.done", **ids, content_index=0,
                                    part={"type": "reasoning_text", "text": item.text}))
+        elif item.kind == "custom_tool_call":
+            text = custom_input(item.text) if item.text else ""
+            if text:
+                out.append(self._event("response.custom_tool_call_input.delta", **ids, delta=text))
+            out.append(self._event("response.custom_tool_call_input.done", **ids, input=text))
         else:
             out.append(self._event("response.function_call_arguments.done", **ids, arguments=item.text))
         out.append(self._event("response.output_item.done", output_index=item.output_index,

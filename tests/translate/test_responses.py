@@ -392,3 +392,68 @@ def test_openai_sdk_create_and_stream(server: SDKServer) -> None:
     streamed_call = next(o for o in final.output if o.type == "function_call")
     assert (streamed_call.call_id, streamed_call.arguments) == ("functions.read_file:0", '{"path": "README.md"}')
     assert server.requests[-1]["body"]["stream"] is True
+
+
+# ---- custom (freeform) tools, as Codex's apply_patch ----
+
+PATCH_TOOL = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" body'},
+}
+
+
+def test_custom_tools_become_one_string_functions() -> None:
+    req = req_for(tools=[PATCH_TOOL, TOOL], tool_choice={"type": "custom", "name": "apply_patch"})
+    fn = req.chat["tools"][0]["function"]
+    assert fn["name"] == "apply_patch" and fn["parameters"]["required"] == ["input"]
+    assert 'start: "*** Begin Patch" body' in fn["parameters"]["properties"]["input"]["description"]
+    assert req.chat["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
+    assert req.tools[0] == PATCH_TOOL and req.custom_tools == frozenset({"apply_patch"})
+    history = R.to_chat(
+        {
+            "model": "kimi",
+            "tools": [PATCH_TOOL],
+            "input": [
+                {
+                    "type": "custom_tool_call",
+                    "call_id": "functions.apply_patch:0",
+                    "name": "apply_patch",
+                    "input": "*** Begin Patch\n+é\n",
+                },
+                {"type": "custom_tool_call_output", "call_id": "functions.apply_patch:0", "output": "Done"},
+            ],
+        }
+    ).chat["messages"]
+    call = history[0]["tool_calls"][0]
+    assert call["id"] == "functions.apply_patch:0"
+    assert orjson.loads(call["function"]["arguments"]) == {"input": "*** Begin Patch\n+é\n"}
+    assert history[1] == {"role": "tool", "tool_call_id": "functions.apply_patch:0", "content": "Done"}
+
+
+@PROPS
+@given(st.data())
+def test_custom_tool_calls_round_trip_streamed_and_not(data: st.DataObject) -> None:
+    patch = data.draw(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80))
+    arguments = orjson.dumps({"input": patch}).decode()
+    turn = Turn(
+        content=data.draw(st.sampled_from(["", "Patching."])),
+        calls=[Call("functions.apply_patch:0", "apply_patch", arguments)],
+        finish="tool_calls",
+        usage={"prompt_tokens": 10, "completion_tokens": 3},
+    )
+    req = req_for(tools=[PATCH_TOOL], stream=True)
+    whole = R.from_chat(turn.completion(), req, "resp_c", 1.0)
+    stream, events = stream_all(req, chunks_for(data.draw, turn))
+    state: ResponseStreamState[Any] = ResponseStreamState(input_tools=NOT_GIVEN, text_format=NOT_GIVEN)
+    for raw in events:
+        state.handle_event(EVENTS.validate_python(raw))
+    for response in (whole, stream.response):
+        parsed = Response.model_validate(response)
+        call = parsed.output[-1]
+        assert call.type == "custom_tool_call" and (call.call_id, call.input) == ("functions.apply_patch:0", patch)
+        again = R.to_chat({"model": "kimi", "tools": [PATCH_TOOL], "input": response["output"]}).chat["messages"]
+        assert orjson.loads(again[0]["tool_calls"][0]["function"]["arguments"]) == {"input": patch}
+    done = [e for e in events if e["type"] == "response.custom_tool_call_input.done"]
+    assert [e["input"] for e in done] == [patch]
