@@ -17,6 +17,7 @@ Answer: ``reasoning_content`` → a ``reasoning`` item (raw text in ``content``;
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,14 +231,34 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def reasoning_text(item: dict[str, Any]) -> str:
-    """The text of a reasoning item: its raw ``content`` if any, else its ``summary``."""
-    for key in ("content", "summary"):
-        parts = item.get(key)
-        if isinstance(parts, list):
-            texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
-            if texts:
-                return "\n\n".join(texts)
-    return ""
+    """The text of a reasoning item: its raw ``content``, else the trace we packed into its
+    ``encrypted_content`` (clients such as Codex resend only that and the summary), else its
+    ``summary``."""
+    parts = item.get("content")
+    texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)] \
+        if isinstance(parts, list) else []
+    if texts:
+        return "\n\n".join(texts)
+    packed = item.get("encrypted_content")
+    if isinstance(packed, str) and packed.startswith(_PACKED):
+        try:
+            return base64.urlsafe_b64decode(packed[len(_PACKED):]).decode("utf-8", "surrogatepass")
+        except (ValueError, UnicodeDecodeError):
+            pass
+    parts = item.get("summary")
+    texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)] \
+        if isinstance(parts, list) else []
+    return "\n\n".join(texts)
+
+
+_PACKED = "cg1:"
+
+
+def pack_reasoning(text: str) -> str:
+    """The reasoning trace as ``encrypted_content`` (not secret, only opaque to the client): a
+    client that drops raw reasoning content on its next request still sends this back, so the
+    model keeps its reasoning across a tool-call loop (Kimi's thinking models need it)."""
+    return _PACKED + base64.urlsafe_b64encode(text.encode("utf-8", "surrogatepass")).decode()
 
 
 def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
@@ -313,7 +334,7 @@ def incomplete_reason(finish_reason: Any) -> str | None:
 def reasoning_item(item_id: str, text: str, wants_summary: bool, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "reasoning", "status": status,
             "summary": [{"type": "summary_text", "text": text}] if wants_summary else [],
-            "content": [{"type": "reasoning_text", "text": text}]}
+            "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": pack_reasoning(text)}
 
 
 def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:

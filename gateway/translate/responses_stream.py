@@ -197,6 +197,7 @@ class ResponsesStream:
             if empty:
                 body["content"] = []
                 body["summary"] = []
+                body["encrypted_content"] = None
             return body
         if item.kind == "message":
             body = message_item(item.item_id, text, status)
