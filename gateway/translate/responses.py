@@ -114,9 +114,14 @@ def to_chat(body: dict[str, Any], prior_items: list[dict[str, Any]] | None = Non
         if isinstance(max_out, bool) or not isinstance(max_out, int) or max_out < 1:
             raise bad("'max_output_tokens' must be a positive integer.", "max_output_tokens")
         chat["max_tokens"] = max_out
-    for name in ("temperature", "top_p", "parallel_tool_calls"):
-        if body.get(name) is not None:
-            chat[name] = body[name]
+    for name in ("temperature", "top_p"):
+        value = body.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise bad(f"'{name}' must be a number.", name)
+            chat[name] = value
+    if body.get("parallel_tool_calls") is not None:
+        chat["parallel_tool_calls"] = _flag(body, "parallel_tool_calls", True)
     reasoning = body.get("reasoning")
     wants_summary = isinstance(reasoning, dict) and reasoning.get("summary") is not None
     if isinstance(reasoning, dict):

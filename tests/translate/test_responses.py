@@ -201,6 +201,8 @@ def test_previous_items_come_first_and_instructions_do_not_carry_over() -> None:
         ({"model": ""}, "model"),
         ({"input": []}, "input"),
         ({"previous_response_id": 7}, "previous_response_id"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
     ],
 )
 def test_bad_requests_are_400_with_param(body: dict[str, Any], param: str) -> None:
