@@ -87,6 +87,8 @@ def to_chat(body: dict[str, Any], *, counting: bool = False) -> MessagesRequest:
     for i, message in enumerate(raw_messages):
         messages += _message(message, f"messages.{i}")
     chat: dict[str, Any] = {"model": model, "messages": messages, "stream": stream}
+    if stream:  # the translator reports usage from the last chunk; nothing is relayed raw
+        chat["stream_options"] = {"include_usage": True}
     if not counting:
         chat["max_tokens"] = max_tokens
     tools = _tools(body.get("tools"))

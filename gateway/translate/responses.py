@@ -103,6 +103,8 @@ def to_chat(body: dict[str, Any], prior_items: list[dict[str, Any]] | None = Non
     if not messages:
         raise bad("'input' must contain at least one item.", "input")
     chat: dict[str, Any] = {"model": model, "messages": messages, "stream": stream}
+    if stream:  # the translator reports usage from the last chunk; nothing is relayed raw
+        chat["stream_options"] = {"include_usage": True}
     tools = read_tools(body.get("tools"))
     if tools.chat:
         chat["tools"] = tools.chat

@@ -169,6 +169,7 @@ def test_claude_code_shaped_request() -> None:
     )
     assert req.session_hint == "user_x_session_abc" and req.stop_sequences == ["END"]
     assert "context_management" not in req.chat and "chat_template_kwargs" not in req.chat
+    assert req.chat["stream_options"] == {"include_usage": True}
 
 
 def test_images_errors_and_ordering() -> None:

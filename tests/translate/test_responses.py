@@ -90,6 +90,7 @@ def test_string_input_and_instructions() -> None:
     assert req.chat == {
         "model": "kimi",
         "stream": True,
+        "stream_options": {"include_usage": True},
         "max_tokens": 64,
         "temperature": 0.2,
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}],
