@@ -100,7 +100,8 @@ class _Runner:
         if key:
             headers["authorization"] = f"Bearer {key}"
         body = {"model": self.cfg.model, "messages": messages, "max_tokens": max_tokens, "stream": True,
-                "stream_options": {"include_usage": True}, "temperature": 0}
+                "stream_options": {"include_usage": True}, "temperature": 0,
+                "ignore_eos": True}  # SGLang's flag: exactly the workload's answer length
         parts: list[str] = []
         try:
             async with self.http.stream("POST", f"{url}/v1/chat/completions", content=orjson.dumps(body),

@@ -99,7 +99,7 @@ class Load:
         """Requests the engine refuses (prompt plus max_tokens past its context length): a 400 upstream."""
         while not self.stop.wait(0.7):
             self._post("default", {"model": "kimi", "messages": [{"role": "user", "content": "x"}],
-                                   "max_tokens": 40_000})
+                                   "max_tokens": 300_000})
 
     def scatter(self) -> None:
         """Fresh prompts (no shared prefix), spread over every backend, the dead one included."""

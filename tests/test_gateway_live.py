@@ -114,7 +114,8 @@ def test_client_that_leaves_while_waiting_gives_its_place_back(tmp_path: Path) -
     admin = {"authorization": "Bearer t0ken"}
     with run_twin("tiny", model=MODEL) as twin, \
             run_gateway("--config", _config(tmp_path / "c.yaml", twin, teams=teams), "--admin-token", "t0ken") as base:
-        body = {"model": "kimi", "stream": True, "max_tokens": 400, "messages": [{"role": "user", "content": "x"}]}
+        body = {"model": "kimi", "stream": True, "max_tokens": 400, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "x"}]}
         started = threading.Event()
 
         def hold() -> None:

@@ -248,8 +248,8 @@ def test_errors_set_span_status(gateway: str, receiver: OtlpReceiver) -> None:
     missing = receiver.wait(lambda spans: [s for s in spans if s["attrs"].get("error.type") == "model_not_found"])
     assert missing[0]["status"] == STATUS_ERROR and missing[0]["attrs"]["http.response.status_code"] == 404
 
-    # Past the tiny profile's context: the engine itself refuses it (a 400 from upstream).
-    r = httpx.post(gateway + "/v1/chat/completions", json=_chat("x", max_tokens=40_000), timeout=30)
+    # Past Kimi's context window (262,144): the engine itself refuses it (a 400 from upstream).
+    r = httpx.post(gateway + "/v1/chat/completions", json=_chat("x", max_tokens=300_000), timeout=30)
     assert r.status_code == 400
     server, spans = receiver.trace_of(r.headers["x-request-id"])
     assert server["status"] == STATUS_ERROR and server["attrs"]["http.response.status_code"] == 400
@@ -258,7 +258,7 @@ def test_errors_set_span_status(gateway: str, receiver: OtlpReceiver) -> None:
 
 
 def test_client_disconnect_sets_error(gateway: str, receiver: OtlpReceiver) -> None:
-    body = {**_chat("a long answer please"), "max_tokens": 2000, "stream": True}
+    body = {**_chat("a long answer please"), "max_tokens": 2000, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", gateway + "/v1/chat/completions", json=body, timeout=30) as r:
         rid = r.headers["x-request-id"]
         next(r.iter_raw())  # the first bytes, then hang up mid-stream

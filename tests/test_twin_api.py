@@ -74,7 +74,7 @@ def test_disconnect_aborts_after_delay_and_keeps_prefix() -> None:
     with run_twin("tiny", time_scale=0.2, abort_delay_s=0.5, stream_interval_s=0.01) as u, \
             httpx.Client(base_url=u, timeout=30) as c:
         msgs = [SYSTEM, {"role": "user", "content": "long answer please " * 20}]
-        req = {"messages": msgs, "max_tokens": 3000, "stream": True}
+        req = {"messages": msgs, "max_tokens": 3000, "ignore_eos": True, "stream": True}
         with c.stream("POST", "/v1/chat/completions", json=req) as r:
             it = r.iter_lines()
             got = [next(it) for _ in range(4)]
@@ -96,7 +96,8 @@ def test_disconnect_aborts_after_delay_and_keeps_prefix() -> None:
 
 def test_abort_request_route_ends_a_stream(client: httpx.Client) -> None:
     rid = "abort-me-1"
-    req = {"rid": rid, "messages": [{"role": "user", "content": "go"}], "max_tokens": 20000, "stream": True}
+    req = {"rid": rid, "messages": [{"role": "user", "content": "go"}], "max_tokens": 20000, "ignore_eos": True,
+           "stream": True}
     with client.stream("POST", "/v1/chat/completions", json=req) as r:
         it = r.iter_lines()
         next(it)
@@ -108,7 +109,8 @@ def test_abort_request_route_ends_a_stream(client: httpx.Client) -> None:
 
 
 def test_flush_cache_is_refused_while_busy(client: httpx.Client) -> None:
-    req = {"messages": [{"role": "user", "content": "busy"}], "max_tokens": 20000, "stream": True, "rid": "busy-1"}
+    req = {"messages": [{"role": "user", "content": "busy"}], "max_tokens": 20000, "ignore_eos": True, "stream": True,
+           "rid": "busy-1"}
     with client.stream("POST", "/v1/chat/completions", json=req) as r:
         next(r.iter_lines())
         busy = client.post("/flush_cache")
@@ -125,7 +127,8 @@ def test_non_streaming_client_that_leaves_is_aborted() -> None:
         def fire() -> None:
             with pytest.raises(httpx.TimeoutException):
                 httpx.post(f"{u}/v1/chat/completions", timeout=0.3,
-                           json={"messages": [{"role": "user", "content": "slow"}], "max_tokens": 20000})
+                           json={"messages": [{"role": "user", "content": "slow"}], "max_tokens": 20000,
+                                 "ignore_eos": True})
         t = threading.Thread(target=fire)
         t.start()
         t.join()
@@ -151,7 +154,7 @@ def test_generate_native(client: httpx.Client) -> None:
     last = json.loads(events[-2])
     assert last["meta_info"]["completion_tokens"] == 30 and len(last["text"]) == 120  # cumulative text
     assert 0 < last["meta_info"]["cached_tokens"] <= 4  # the same prompt again
-    r = client.post("/generate", json={"text": "x" * 200_000})
+    r = client.post("/generate", json={"text": "x" * 1_100_000})
     assert r.status_code == 400 and "context length" in r.json()["error"]["message"]
 
 
@@ -162,7 +165,7 @@ def test_info_routes(client: httpx.Client) -> None:
         assert key in info
     assert info["version"] == "0.5.23" and info["page_size"] == 16 and info["max_total_num_tokens"] == 65536
     assert len(info["internal_states"]) == info["dp_size"] == 1
-    assert client.get("/get_server_info").json()["context_length"] == 32768
+    assert client.get("/get_server_info").json()["context_length"] == 262144
     assert client.get("/get_model_info").json()["is_generation"] is True
     loads = client.get("/v1/loads").json()
     assert loads["version"] == "0.5.23" and loads["loads"][0]["max_total_num_tokens"] == 65536
@@ -213,7 +216,7 @@ def test_openai_sdk(url: str) -> None:
     comp = sdk.completions.create(model="kimi", prompt="abc", max_tokens=3)
     assert comp.usage is not None and comp.usage.completion_tokens == 3
     with pytest.raises(openai.BadRequestError):
-        sdk.chat.completions.create(model="kimi", messages=[{"role": "user", "content": "x" * 200_000}])
+        sdk.chat.completions.create(model="kimi", messages=[{"role": "user", "content": "x" * 1_100_000}])
     assert [m.id for m in sdk.models.list()] == ["moonshotai/Kimi-K2-Instruct"]
 
 

@@ -20,13 +20,21 @@ def sim_backend(
     ),
     abort_delay: float = typer.Option(2.0, help="Wall seconds from a client disconnect to the abort."),
     reasoning: bool = typer.Option(False, help="Stream part of every answer as reasoning_content."),
+    scale: float = typer.Option(
+        1.0, help="Multiply answer lengths (log-uniform 200-1,500 tokens), like the load generator's --scale."
+    ),
+    routes: str = typer.Option(
+        "all",
+        help="Client surfaces served: all (SGLang 0.5.23: /v1/responses and /v1/messages), responses, or chat "
+        "(an older build: chat and completions only, so a gateway must translate).",
+    ),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
 ) -> None:
-    """Run a simulated SGLang server (engine model behind SGLang's HTTP API)."""
+    """Run a simulated SGLang server (replaced by :data:`HELP` below)."""
     from backends.sim.serve import serve
 
-    if time_scale <= 0:
-        typer.echo("cachegate sim-backend: --time-scale must be > 0", err=True)
+    if time_scale <= 0 or scale <= 0:
+        typer.echo("cachegate sim-backend: --time-scale and --scale must be > 0", err=True)
         raise typer.Exit(code=2)
     try:
         serve(
@@ -41,10 +49,42 @@ def sim_backend(
             cache_report=cache_report,
             abort_delay_s=abort_delay,
             reasoning=reasoning,
+            answer_scale=scale,
+            routes=routes,
         )
     except ValueError as exc:
         typer.echo(f"cachegate sim-backend: {exc}", err=True)
         raise typer.Exit(code=2) from None
+
+
+def _paragraph(*parts: str) -> str:
+    return " ".join(parts)
+
+
+HELP = "\n\n".join(
+    (
+        "Run a simulated SGLang server (engine model behind SGLang's HTTP API).",
+        "How it answers (deterministic, seeded by the request's seed and prompt):",
+        _paragraph(
+            "Tools: when a request offers tools and ends with a fresh user turn, the answer is one tool call",
+            "(finish_reason tool_calls, Kimi id functions.NAME:N) on one offered tool, preferring a read-only one",
+            "by name (read, view, list, glob, grep, search, get...), with arguments valid against its JSON schema",
+            "(a path is README.md, a directory the client's working directory, an enum its first value...).",
+            "After the tool result(s) the answer is text with finish_reason stop. tool_choice none, required or a",
+            "named function is honoured. No magic words.",
+        ),
+        _paragraph(
+            "Length: answers are log-uniform over 200-1,500 tokens times --scale and stop there (finish_reason",
+            "stop); a smaller max_tokens cuts them (length); ignore_eos: true generates exactly max_tokens, as on",
+            "SGLang.",
+        ),
+        _paragraph(
+            "Context: every profile serves Kimi's 262,144-token window (max_model_len); only a prompt (+",
+            "max_tokens) past it is refused with 400. The KV pool is the profile's.",
+        ),
+    )
+)
+sim_backend.__doc__ = HELP
 
 
 if __name__ == "__main__":

@@ -76,6 +76,27 @@ def load_protocol() -> types.ModuleType:
     return module
 
 
+@functools.cache
+def load_anthropic_protocol() -> types.ModuleType:
+    """``sglang.srt.entrypoints.anthropic.protocol`` (SGLang's Anthropic models), under stub parents."""
+    load_protocol()
+    name = "sglang.srt.entrypoints.anthropic.protocol"
+    if name in sys.modules:
+        return sys.modules[name]
+    pkg = "sglang.srt.entrypoints.anthropic"
+    root = sglang_root()
+    if pkg not in sys.modules:
+        mod = types.ModuleType(pkg)
+        mod.__path__ = [str(root / "srt/entrypoints/anthropic")]
+        sys.modules[pkg] = mod
+    spec = importlib.util.spec_from_file_location(name, root / "srt/entrypoints/anthropic/protocol.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def _const(node: ast.AST) -> Any:
     """A literal, or the default of ``os.environ.get(NAME, DEFAULT)``."""
     if isinstance(node, ast.Constant):
