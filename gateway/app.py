@@ -1,6 +1,6 @@
 """The Starlette application: which route goes where, start-up and shut-down. Nothing else.
 
-The client surfaces (``SURFACES``) all run the one request path (``gateway/lifecycle.py``); the
+The client surfaces (``default_surfaces``) all run the one request path (``gateway/lifecycle.py``); the
 admin API is ``gateway/admin.py``; a worker's parts are ``gateway/worker.py``.
 """
 

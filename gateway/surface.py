@@ -26,7 +26,7 @@ routing, upstream attempts and retries, release, metrics, traces, access log):
    gives ``translate_event``, ``finish_stream``, ``translate_whole``).
 
 To add a surface: subclass ``Surface`` (``name``, ``path``, the three methods), give it a ``Relay``
-if its answers are not relayed byte for byte, and list it in ``gateway/app.py``'s ``SURFACES``.
+if its answers are not relayed byte for byte, and list it in ``gateway/app.py``'s ``default_surfaces``.
 """
 
 from __future__ import annotations

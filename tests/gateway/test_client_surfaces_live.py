@@ -1,0 +1,218 @@
+"""/v1/responses and /v1/messages through ``python -m gateway.cli serve`` in front of twins, with the
+official SDKs, each once in passthrough mode (the twin serves the route; ``surfaces: auto``) and
+once translated (a twin started as an older, chat-only build: ``routes="chat"``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+import yaml
+
+from backends.sim.testing import run_twin, twin_of
+from gateway.config import hash_key
+from tests.harness import run_gateway
+from tests.test_telemetry import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, OtlpReceiver
+
+KEY, TIGHT_KEY, ADMIN = "k-default", "k-tight", "adm1n"
+TOOLS = [{"type": "function", "name": "read_file", "description": "Read a file of the project.",
+          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+A_TOOLS = [{"name": "Read", "description": "Read a file.",
+            "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}},
+                             "required": ["file_path"]}}]
+UPSTREAM = {"passthrough": {"responses": "/v1/responses", "messages": "/v1/messages"},
+            "translate": {"responses": "/v1/chat/completions", "messages": "/v1/chat/completions"}}
+
+
+def write_config(path: Path, twins: list[str], **extra: Any) -> str:
+    path.write_text(yaml.safe_dump({
+        "models": {"kimi": {"backends": [{"url": u, "name": f"twin-{i}"} for i, u in enumerate(twins)],
+                            "surfaces": {"responses": "auto", "messages": "auto"}}},
+        "aliases": {"claude-*": "kimi", "gpt-*": "kimi"},
+        "teams": {"default": {"max_concurrency": 16, "max_queue": 64},
+                  "tight": {"max_concurrency": 1, "max_queue": 1}},
+        "keys": [{"sha256": hash_key(KEY), "team": "default"}, {"sha256": hash_key(TIGHT_KEY), "team": "tight"}],
+        "health": {"interval_s": 0.5, "load_interval_s": 0.5},
+        **extra}))
+    return str(path)
+
+
+@pytest.fixture(scope="module", params=["passthrough", "translate"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver().running() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def stack(mode: str, receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(gateway URL, twin URL): one twin, native routes or chat only."""
+    routes = "all" if mode == "passthrough" else "chat"
+    with run_twin("tiny", time_scale=0.2, model="kimi", stream_interval_s=0.01, abort_delay_s=0.0,
+                  routes=routes) as twin:
+        cfg = write_config(tmp_path_factory.mktemp(mode) / "c.yaml", [twin])
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+        with run_gateway("--config", cfg, "--admin-token", ADMIN, env=env) as gw:
+            yield gw, twin
+
+
+def upstream_paths(twin: str, since: int) -> list[str]:
+    return [e["path"] for e in httpx.get(twin + "/_twin/requests").json()[since:] if e.get("method") == "POST"]
+
+
+def seen(twin: str) -> int:
+    return len(httpx.get(twin + "/_twin/requests").json())
+
+
+def test_responses_create_tool_call_then_previous_response_id(stack: tuple[str, str], mode: str) -> None:
+    gw, twin = stack
+    before = seen(twin)
+    client = openai.OpenAI(base_url=gw + "/v1", api_key=KEY)
+    first = client.responses.create(model="kimi", input="Look at this project, then describe it.", tools=TOOLS)
+    call = next(o for o in first.output if o.type == "function_call")
+    assert call.name == "read_file" and "path" in call.arguments and first.status == "completed"
+    second = client.responses.create(model="gpt-5-codex", previous_response_id=first.id, tools=TOOLS, input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": "# demo\nA small project."}])
+    assert second.output_text and second.status == "completed"
+    assert second.usage is not None and second.usage.input_tokens_details.cached_tokens > 0  # turn 2 hit the cache
+    assert client.responses.retrieve(second.id).output_text == second.output_text
+    assert upstream_paths(twin, before) == [UPSTREAM[mode]["responses"]] * 2
+
+
+def test_responses_stream_text_and_function_call(stack: tuple[str, str], mode: str) -> None:
+    gw, _ = stack
+    client = openai.OpenAI(base_url=gw + "/v1", api_key=KEY)
+    with client.responses.stream(model="kimi", input="What is in this project?", tools=TOOLS) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.function_call_arguments.delta" in kinds
+    call = next(o for o in final.output if o.type == "function_call")
+    with client.responses.stream(model="kimi", previous_response_id=final.id, tools=TOOLS, input=[
+            {"type": "function_call_output", "call_id": call.call_id, "output": "# demo"}]) as stream:
+        kinds = [e.type for e in stream]
+        text = stream.get_final_response().output_text
+    assert "response.output_text.delta" in kinds and text
+
+
+def test_messages_create_stream_and_count_tokens(stack: tuple[str, str], mode: str) -> None:
+    gw, twin = stack
+    before = seen(twin)
+    client = anthropic.Anthropic(base_url=gw, api_key=KEY)  # x-api-key
+    first = client.messages.create(model="claude-sonnet-4-6", max_tokens=4096, tools=A_TOOLS,
+                                   messages=[{"role": "user", "content": "Look at the project."}])
+    assert first.stop_reason == "tool_use"
+    use = next(c for c in first.content if c.type == "tool_use")
+    assert use.name == "Read" and "file_path" in use.input
+    history = [{"role": "user", "content": "Look at the project."},
+               {"role": "assistant", "content": [c.model_dump(exclude_none=True) for c in first.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "# demo"}]}]
+    bearer = anthropic.Anthropic(base_url=gw, auth_token=KEY)  # Authorization: Bearer
+    with bearer.messages.stream(model="kimi", max_tokens=4096, tools=A_TOOLS, messages=history) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "end_turn" and final.content[-1].type == "text" and final.content[-1].text
+    assert final.usage.cache_read_input_tokens and final.usage.cache_read_input_tokens > 0
+    with bearer.messages.stream(model="kimi", max_tokens=4096, tools=A_TOOLS,
+                                messages=[{"role": "user", "content": "Read the README."}]) as stream:
+        events = [e.type for e in stream]
+        tool = stream.get_final_message()
+    assert "input_json" in events and tool.stop_reason == "tool_use"
+    counted = client.messages.count_tokens(model="kimi", messages=history, tools=A_TOOLS)
+    assert counted.input_tokens > 10
+    assert upstream_paths(twin, before) == [UPSTREAM[mode]["messages"]] * 3
+
+
+def test_errors_in_each_surface_envelope(stack: tuple[str, str]) -> None:
+    gw, _ = stack
+    r = httpx.post(gw + "/v1/messages?beta=true", json={"model": "kimi", "max_tokens": 5, "messages": []},
+                   headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"})
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(gw + "/v1/messages", json={"model": "kimi", "max_tokens": 5, "messages": []})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.post(gw + "/v1/responses", json={"model": "kimi", "input": "x", "previous_response_id": "resp_nope"},
+                   headers={"authorization": f"Bearer {KEY}"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "previous_response_not_found"
+    assert httpx.get(gw + "/v1/models").status_code == 401
+    models = httpx.get(gw + "/v1/models", headers={"authorization": f"Bearer {KEY}"}).json()["data"]
+    assert models[0]["id"] == "kimi" and models[0]["max_model_len"] == 262144
+    assert httpx.head(gw + "/").status_code == 200
+
+
+def _hold(url: str, body: dict[str, Any], headers: dict[str, str], started: threading.Event,
+          leave: threading.Event) -> None:
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=30) as r:
+        assert r.status_code == 200
+        for _ in r.iter_raw():
+            started.set()
+            if leave.is_set():
+                return
+
+
+LONG = {"responses": {"model": "kimi", "input": "Write a long essay.", "stream": True},
+        "messages": {"model": "kimi", "max_tokens": 8000, "stream": True,
+                     "messages": [{"role": "user", "content": "Write a long essay."}]}}
+
+
+@pytest.mark.parametrize("surface", ["responses", "messages"])
+def test_team_limit_then_disconnect_frees_the_slot_and_the_upstream(stack: tuple[str, str], surface: str) -> None:
+    gw, twin = stack
+    url = f"{gw}/v1/{surface}"
+    tight = {"authorization": f"Bearer {TIGHT_KEY}"}
+    started, queued, leave = threading.Event(), threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold, args=(url, LONG[surface], tight, started, leave))
+    waiter = threading.Thread(target=_hold, args=(url, LONG[surface], tight, queued, leave))
+    holder.start()
+    try:
+        assert started.wait(10)
+        waiter.start()  # the one place in the tight team's queue
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        deadline = time.monotonic() + 5
+        while httpx.get(gw + "/admin/teams/tight", headers=admin).json()["waiting"] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        refused = httpx.post(url, json=LONG[surface], headers=tight)
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+        if surface == "messages":
+            assert refused.json()["error"]["type"] == "rate_limit_error"
+            assert refused.headers["x-cachegate-code"] == "team_queue_full"
+        else:
+            assert refused.json()["error"]["code"] == "team_queue_full"
+        assert len(twin_of(twin).live) == 1
+    finally:
+        leave.set()
+        holder.join(10)
+        waiter.join(10)  # dispatched when the holder left, then leaves at its first bytes
+    left = time.monotonic()
+    while len(twin_of(twin).live) or httpx.get(gw + "/admin/teams/tight", headers=admin).json()["inflight"]:
+        assert time.monotonic() - left < 1.0, "the slot or the upstream stream outlived the client"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("surface", ["responses", "messages"])
+def test_spans_as_for_chat(stack: tuple[str, str], receiver: OtlpReceiver, surface: str) -> None:
+    gw, _ = stack
+    body = {**LONG[surface], "input": "hi"} if surface == "responses" else {
+        **LONG[surface], "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.stream("POST", f"{gw}/v1/{surface}", json=body, headers={"x-api-key": KEY}, timeout=30) as r:
+        rid = r.headers["x-request-id"]
+        r.read()
+    server, spans = receiver.trace_of(rid)
+    assert server["kind"] == KIND_SERVER and server["name"] == f"{surface} kimi"
+    assert server["attrs"]["gen_ai.operation.name"] == surface
+    assert server["attrs"]["gen_ai.usage.output_tokens"] > 0 and server["attrs"]["http.response.status_code"] == 200
+    names = {s["name"]: s for s in spans if s["parent"] == server["span_id"]}
+    assert names["cachegate.admission"]["kind"] == names["cachegate.route"]["kind"] == KIND_INTERNAL
+    assert any(s["kind"] == KIND_CLIENT for s in names.values())
+    assert [e for e in server["events"] if e[0] == "first_token"]
