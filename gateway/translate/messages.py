@@ -81,11 +81,16 @@ def to_chat(body: dict[str, Any], *, counting: bool = False) -> MessagesRequest:
     if not isinstance(raw_messages, list) or not raw_messages:
         raise bad("messages: Field required (a non-empty array).", "messages")
     messages: list[dict[str, Any]] = []
-    system = system_text(body.get("system"))
-    if system:
-        messages.append({"role": "system", "content": system})
+    system_parts = [system_text(body.get("system"))]
     for i, message in enumerate(raw_messages):
+        if isinstance(message, dict) and message.get("role") == "system":
+            # Claude Code sends one inline; SGLang merges it into the system prompt, and so do we
+            system_parts.append(system_text(message.get("content")))
+            continue
         messages += _message(message, f"messages.{i}")
+    system = "\n".join(p for p in system_parts if p)
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
     chat: dict[str, Any] = {"model": model, "messages": messages, "stream": stream}
     if stream:  # the translator reports usage from the last chunk; nothing is relayed raw
         chat["stream_options"] = {"include_usage": True}
