@@ -222,9 +222,13 @@ def test_openai_sdk(url: str) -> None:
 
 def test_sim_backend_process() -> None:
     with spawn_twin("tiny", time_scale=0.05, extra_args=["--model", "kimi-test", "--no-cache-report",
-                                                              "--kv-tokens", "32768"]) as u:
+                                                              "--kv-tokens", "32768", "--routes", "chat",
+                                                              "--scale", "0.01"]) as u:
         r = httpx.post(f"{u}/v1/chat/completions", timeout=30,
                        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens_details"] is None
         assert httpx.get(f"{u}/v1/models").json()["data"][0]["id"] == "kimi-test"
         assert httpx.get(f"{u}/server_info").json()["max_total_num_tokens"] == 32768
+        assert httpx.post(f"{u}/v1/messages", json={}).status_code == 404  # --routes chat
+        r = httpx.post(f"{u}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hey"}]}, timeout=30)
+        assert r.json()["usage"]["completion_tokens"] <= 15  # --scale 0.01: 200-1,500 tokens become 2-15

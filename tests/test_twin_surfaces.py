@@ -3,7 +3,9 @@ official SDKs and SGLang's own protocol models; and ``routes="chat"``, a build w
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -132,7 +134,8 @@ def test_responses_stream_events(url: str) -> None:
     adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
     body = {"model": "kimi", "input": [{"role": "developer", "content": "be brief"},
                                        {"role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
-            "stream": True, "reasoning": {"effort": "medium", "summary": "auto"}}
+            "stream": True, "reasoning": {"effort": "medium", "summary": "auto"},
+            "include": ["reasoning.encrypted_content"], "store": False}
     with httpx.stream("POST", f"{url}/v1/responses", json=body, timeout=30) as r:
         events = sse(r)
     for _, data in events:
@@ -146,6 +149,9 @@ def test_responses_stream_events(url: str) -> None:
     text = "".join(d["delta"] for k, d in events if k == "response.output_text.delta")
     assert final["output"][1]["content"][0]["text"] == text
     assert final["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
+    blob = final["output"][0]["encrypted_content"]  # SGLang's encode_reasoning_state: zlib + base64
+    assert zlib.decompress(base64.urlsafe_b64decode(blob.removeprefix("sglang-reasoning-v1."))).decode() == \
+        final["output"][0]["content"][0]["text"]
     cut = {"model": "kimi", "input": "more", "stream": True, "max_output_tokens": 20}
     with httpx.stream("POST", f"{url}/v1/responses", json=cut, timeout=30) as r:
         last = sse(r)[-1][1]

@@ -45,7 +45,8 @@ def tool_spec(tool: Any) -> tuple[str, dict[str, Any]] | None:
     """(name, JSON schema) of a tool in the chat, Responses or Anthropic shape; None if it has no name."""
     if not isinstance(tool, dict):
         return None
-    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    inner = tool.get("function")
+    fn: dict[str, Any] = inner if isinstance(inner, dict) else tool
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         return None
@@ -81,7 +82,8 @@ def choose_tool(tools: list[Any], tool_choice: Any = "auto") -> tuple[str, dict[
 
 def _forced_name(tool_choice: Any) -> str | None:
     if isinstance(tool_choice, dict):
-        fn = tool_choice.get("function") if isinstance(tool_choice.get("function"), dict) else tool_choice
+        inner = tool_choice.get("function")
+        fn: dict[str, Any] = inner if isinstance(inner, dict) else tool_choice
         name = fn.get("name")
         return name if isinstance(name, str) else None
     return None
@@ -147,7 +149,8 @@ def _value(name: str, schema: dict[str, Any], cwd: str | None, depth: int) -> An
         return schema["default"]
     kind = _type(schema)
     if kind == "object":
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        raw = schema.get("properties")
+        props: dict[str, Any] = raw if isinstance(raw, dict) else {}
         required = [r for r in schema.get("required") or [] if isinstance(r, str)]
         if depth > 4:
             return {}

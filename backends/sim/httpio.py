@@ -77,10 +77,10 @@ async def run_plan(
         live = t.submit(rid, plan, stream)
     except ApiError as e:
         return error_response(e)
-    call = (plan.tool_calls or [{}])[0].get("function", {}).get("name")
+    fn = (plan.tool_calls or [{}])[0].get("function", {})
     t.requests.append({"rid": rid, "path": request.url.path, "model": body.get("model"), "stream": stream,
                        "prompt_tokens": plan.prompt_tokens, "max_new_tokens": plan.max_new_tokens,
-                       "finish": plan.finish_reason, "tool": call,
+                       "finish": plan.finish_reason, "tool": fn.get("name"), "arguments": fn.get("arguments"),
                        "tools": [spec[0] for spec in map(tool_spec, body.get("tools") or []) if spec]})  # fmt: skip
     model = str(body.get("model") or t.model)
     created = int(time.time())

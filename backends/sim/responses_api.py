@@ -11,8 +11,10 @@ items whose ``call_id`` is ``call_<24 hex>``. Usage: ``input_tokens``,
 
 from __future__ import annotations
 
+import base64
 import time
 import uuid
+import zlib
 from collections import OrderedDict
 from typing import Any
 
@@ -158,7 +160,8 @@ def response(
 ) -> dict[str, Any]:  # fmt: skip
     """``ResponsesResponse.from_request``, dumped."""
     text_only = bool(output) and all(i["type"] == "message" for i in output)
-    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    raw = body.get("reasoning")
+    reasoning: dict[str, Any] = raw if isinstance(raw, dict) else {}
     effort = reasoning.get("effort") if reasoning.get("effort") in ("low", "medium", "high") else None
     return {
         "id": rid,
@@ -187,13 +190,26 @@ def response(
     }
 
 
-def reasoning_item(item_id: str, text: str, status: str, summary: bool) -> dict[str, Any]:
+REASONING_STATE_PREFIX = "sglang-reasoning-v1."
+
+
+def wants_encrypted_reasoning(body: dict[str, Any]) -> bool:
+    """``include: ["reasoning.encrypted_content"]`` (Codex sends it, with ``store: false``)."""
+    include = body.get("include")
+    return isinstance(include, list) and "reasoning.encrypted_content" in include
+
+
+def reasoning_item(item_id: str, text: str, status: str, summary: bool, encrypted: bool = False) -> dict[str, Any]:
+    """A reasoning item; ``encrypted`` packs the trace as SGLang's ``encode_reasoning_state`` does
+    (zlib + urlsafe base64 behind a prefix: encoded, not protected)."""
+    done = status == "completed"
+    blob = REASONING_STATE_PREFIX + base64.urlsafe_b64encode(zlib.compress(text.encode())).decode()
     return {
         "id": item_id,
-        "summary": [{"text": text, "type": "summary_text"}] if summary and status == "completed" else [],
+        "summary": [{"text": text, "type": "summary_text"}] if summary and done else [],
         "type": "reasoning",
-        "content": [{"text": text, "type": "reasoning_text"}] if status == "completed" else [],
-        "encrypted_content": None,
+        "content": [{"text": text, "type": "reasoning_text"}] if done else [],
+        "encrypted_content": blob if encrypted and done else None,
         "status": status,
     }
 

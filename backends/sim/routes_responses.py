@@ -79,7 +79,7 @@ async def create(request: Request) -> Response:
     live, rid, model, created, done = ran
     if done is not None:
         finish, _ = finish_of(plan, done)
-        output = _output_items(live, plan, done.completion_tokens, finish, _wants_summary(body))
+        output = _output_items(live, done.completion_tokens, finish, body)
         usage = X.usage(
             done.prompt_tokens or live.prompt_tokens, done.completion_tokens, done.cached_tokens,
             min(done.completion_tokens, live.reasoning_tokens),
@@ -92,11 +92,12 @@ async def create(request: Request) -> Response:
     return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def _output_items(live: Live, plan: Plan, n: int, finish: str, summary: bool) -> list[dict[str, Any]]:
+def _output_items(live: Live, n: int, finish: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     reasoning, text = final_parts(live, n)
     items: list[dict[str, Any]] = []
     if reasoning:
-        items.append(X.reasoning_item(X.new_id("rs"), reasoning, "completed", summary))
+        items.append(X.reasoning_item(X.new_id("rs"), reasoning, "completed", _wants_summary(body),
+                                      X.wants_encrypted_reasoning(body)))  # fmt: skip
     if text:
         items.append(X.message_item(X.new_id("msg"), text, "completed"))
     if finish == "tool_calls":
@@ -112,7 +113,7 @@ async def _stream(
     model: str, created: int,
 ) -> AsyncIterator[bytes]:  # fmt: skip
     send = X.EventWriter()
-    summary = _wants_summary(body)
+    summary, encrypted = _wants_summary(body), X.wants_encrypted_reasoning(body)
     emitted: list[dict[str, Any]] = []
     index = -1
     open_kind: str | None = None
@@ -124,7 +125,7 @@ async def _stream(
             return []
         at = {"item_id": item_id, "output_index": index}
         if open_kind == "reasoning":
-            item = X.reasoning_item(item_id, text, "completed", summary)
+            item = X.reasoning_item(item_id, text, "completed", summary, encrypted)
             if summary:
                 out = [send("response.reasoning_summary_text.done", **at, summary_index=0, text=text),
                        send("response.reasoning_summary_part.done", **at, summary_index=0,

@@ -9,7 +9,8 @@ Installs (each pinned, reused between runs, safe to call from parallel test proc
 
 - Codex CLI ``@openai/codex`` and Claude Code ``@anthropic-ai/claude-code`` with ``npm install``
   into ``CACHE_DIR/<name>@<version>``;
-- aider ``aider-chat`` into its own virtualenv there (its pins conflict with this project's).
+- aider ``aider-chat`` into its own virtualenv there (its pins conflict with this project's);
+- opencode ``opencode-ai`` and Continue's CLI ``@continuedev/cli`` with npm, like the first two.
 
 ``CACHE_DIR`` is ``$CACHEGATE_CLIENTS_DIR`` or ``~/.cache/cachegate-clients``. An install is done
 under a file lock, in a temporary directory renamed into place, and marked done by a file that
@@ -67,6 +68,8 @@ class Package:
 CODEX = Package("npm", "@openai/codex", "0.171.0", "codex", "openai-codex")
 CLAUDE_CODE = Package("npm", "@anthropic-ai/claude-code", "2.1.197", "claude", "claude-code")
 AIDER = Package("pypi", "aider-chat", "0.86.2", "aider", "aider-chat")
+OPENCODE = Package("npm", "opencode-ai", "1.18.33", "opencode", "opencode")
+CONTINUE = Package("npm", "@continuedev/cli", "1.5.47", "cn", "continue-cli")
 
 
 class ClientUnavailable(RuntimeError):
@@ -323,3 +326,62 @@ def run_aider(
             "--no-check-update", "--no-show-model-warnings", "--yes-always", "--no-pretty",
             "--message", prompt, "README.md"]  # fmt: skip
     return _run("aider", argv, env, s.workdir, timeout_s)
+
+
+def opencode_config(base_url: str, model: str, api_key: str) -> dict[str, Any]:
+    """``opencode.json``: an OpenAI-compatible provider with Kimi's limits (``limit.output`` caps the
+    ``max_tokens`` opencode asks for, 32,000 by default)."""
+    limit = {"context": 262144, "output": 32768}
+    provider = {"npm": "@ai-sdk/openai-compatible", "name": "cachegate",
+                "options": {"baseURL": f"{base_url.rstrip('/')}/v1", "apiKey": api_key},
+                "models": {model: {"name": f"{model} via cachegate", "limit": limit}}}  # fmt: skip
+    return {"$schema": "https://opencode.ai/config.json", "provider": {"cachegate": provider},
+            "model": f"cachegate/{model}", "autoupdate": False, "share": "disabled"}  # fmt: skip
+
+
+def run_opencode(
+    base_url: str, prompt: str, *, root: Path, model: str = "kimi", api_key: str = "cachegate-test",
+    timeout_s: float = 180.0,
+) -> ClientResult:  # fmt: skip
+    """``opencode run``. opencode installs its provider package (``@ai-sdk/openai-compatible``) from
+    npm on first use; its cache is kept under ``CACHE_DIR`` so later runs do not fetch it again."""
+    binary = install(OPENCODE)
+    s = scratch(root, "opencode")
+    (s.workdir / "opencode.json").write_text(json.dumps(opencode_config(base_url, model, api_key)))
+    env = {**_base_env(s.home), "XDG_CACHE_HOME": str(CACHE_DIR / "opencode-runtime"),
+           "npm_config_cache": str(CACHE_DIR / "npm-cache"), "OPENCODE_DISABLE_AUTOUPDATE": "1",
+           "OPENCODE_DISABLE_MODELS_FETCH": "1"}  # fmt: skip
+    argv = [str(binary), "run", "-m", f"cachegate/{model}", prompt]
+    return _run("opencode", argv, env, s.workdir, timeout_s)
+
+
+def continue_config(base_url: str, model: str, api_key: str) -> str:
+    """Continue's ``config.yaml`` (``provider: openai``) with Kimi's context window."""
+    return f"""name: cachegate
+version: 1.0.0
+schema: v1
+models:
+  - name: {model}
+    provider: openai
+    model: {model}
+    apiBase: {base_url.rstrip("/")}/v1
+    apiKey: {api_key}
+    roles: [chat, edit, apply]
+    capabilities: [tool_use]
+    defaultCompletionOptions:
+      contextLength: 262144
+      maxTokens: 8192
+"""
+
+
+def run_continue(
+    base_url: str, prompt: str, *, root: Path, model: str = "kimi", api_key: str = "cachegate-test",
+    timeout_s: float = 180.0,
+) -> ClientResult:  # fmt: skip
+    """Continue's CLI headless: ``cn -p --config config.yaml PROMPT``."""
+    binary = install(CONTINUE)
+    s = scratch(root, "continue")
+    config = s.home / "config.yaml"
+    config.write_text(continue_config(base_url, model, api_key))
+    env = {**_base_env(s.home), "CONTINUE_TELEMETRY_ENABLED": "0"}
+    return _run("continue", [str(binary), "-p", "--config", str(config), prompt], env, s.workdir, timeout_s)

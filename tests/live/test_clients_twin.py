@@ -14,7 +14,7 @@ import pytest
 
 from backends.sim.testing import run_twin
 from tests.live import clients
-from tests.live.clients import run_aider, run_claude, run_codex
+from tests.live.clients import run_aider, run_claude, run_codex, run_continue, run_opencode
 
 pytestmark = pytest.mark.slow
 PROMPT = "What is in this project? Look at it, then answer in one paragraph."
@@ -71,6 +71,17 @@ def test_aider_one_shot(base: str, tmp_path: Path) -> None:
     assert run.exit_code == 0, run.describe()
     posts = [e for e in new_since(base, before) if e.get("method") == "POST"]
     assert posts and all(e["path"] == "/v1/chat/completions" and e["status"] == 200 for e in posts)
+
+
+@pytest.mark.parametrize("runner", [run_opencode, run_continue], ids=["opencode", "continue"])
+def test_chat_agents_take_one_round_trip_and_stop(base: str, tmp_path: Path, runner: Any) -> None:
+    """opencode and Continue's CLI over chat: one tool call, then text (no loop on the twin)."""
+    before = len(seen(base))
+    run = runner(base, PROMPT, root=tmp_path)
+    assert run.exit_code == 0, run.describe()
+    gens = [e for e in new_since(base, before) if "rid" in e and e["tools"]]
+    assert [g["finish"] for g in gens] == ["tool_calls", "stop"], gens
+    assert gens[0]["tool"].lower() == "read"
 
 
 def test_an_unreachable_registry_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
