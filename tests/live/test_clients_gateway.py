@@ -47,7 +47,8 @@ def stack(mode: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
 
 def generations(twins: list[str], before: list[int]) -> list[list[dict[str, Any]]]:
     """Per twin, the generations recorded since ``before`` (counts per twin)."""
-    return [[e for e in httpx.get(f"{t}/_twin/requests").json()[n:] if "rid" in e] for t, n in zip(twins, before)]
+    return [[e for e in httpx.get(f"{t}/_twin/requests").json()[n:] if "rid" in e]
+            for t, n in zip(twins, before, strict=True)]
 
 
 def counts(twins: list[str]) -> list[int]:

@@ -219,7 +219,7 @@ def test_images_errors_and_ordering() -> None:
         ({"max_tokens": None}, "max_tokens"),
         ({"model": 3}, "model"),
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
         (
             {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]},
             "messages.0.content.0.tool_use_id",
@@ -464,3 +464,13 @@ def test_anthropic_sdk_create_stream_and_count(server: SDKServer) -> None:
     counted = client.messages.count_tokens(model="kimi", messages=messages)
     assert counted.input_tokens > 0
     assert server.requests[-1]["path"] == "/v1/messages/count_tokens"
+
+
+def test_an_inline_system_message_joins_the_system_prompt() -> None:
+    """Claude Code sends a ``role: system`` message among the others; SGLang merges it into the
+    system prompt, and so does the translation (never a 400)."""
+    body = {"model": "kimi", "max_tokens": 10, "system": "You are Claude Code.",
+            "messages": [{"role": "system", "content": "Today is Tuesday."}, {"role": "user", "content": "hi"}]}
+    chat = M.to_chat(body).chat
+    assert chat["messages"] == [{"role": "system", "content": "You are Claude Code.\nToday is Tuesday."},
+                                {"role": "user", "content": "hi"}]
