@@ -161,6 +161,12 @@ return status
 """
 
 
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class RedisResponseStore:
     """Records in Redis, shared by every replica (key ``{prefix}{id}``, TTL ``ttl_s``)."""
 
@@ -190,10 +196,10 @@ class RedisResponseStore:
 
     async def get(self, response_id: str, team: str | None = None) -> StoredResponse | None:
         team_raw, status, raw = await self.redis.hmget(self._key(response_id), ["team", "status", "record"])
-        if raw is None or (team_raw or b"").decode() != (team or ""):
+        if raw is None or _text(team_raw) != (team or ""):
             return None
         record = StoredResponse.loads(raw)
-        record.status = status.decode() if status else record.status
+        record.status = _text(status) or record.status
         if record.response:
             record.response["status"] = record.status
         return record

@@ -237,7 +237,7 @@ def _part(block: Any, at: str) -> dict[str, Any]:
 
 def _joined(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     if len(parts) == 1 and parts[0]["type"] == "text":
-        return parts[0]["text"]
+        return str(parts[0]["text"])
     return parts
 
 

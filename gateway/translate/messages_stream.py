@@ -62,7 +62,7 @@ class MessagesStream:
         if self._started:
             return b""
         self._started = True
-        message = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.req.model,
+        message: dict[str, Any] = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.req.model,
                    "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": self.input_tokens, "cache_creation_input_tokens": 0,
                              "cache_read_input_tokens": 0, "output_tokens": 0}}
@@ -141,7 +141,8 @@ class MessagesStream:
         index = call.get("index", 0)
         index = index if isinstance(index, int) else 0
         fn = call.get("function") or {}
-        fragment = fn.get("arguments") if isinstance(fn.get("arguments"), str) else ""
+        arguments = fn.get("arguments")
+        fragment: str = arguments if isinstance(arguments, str) else ""
         out = b""
         block = self.calls.get(index)
         if block is None:

@@ -292,7 +292,7 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
             raise bad(f"'{where}[{j}]': content parts of type {kind!r} are not supported here "
                       "(supported: input_text, output_text, refusal, input_image with image_url).", f"{where}[{j}]")
     if len(parts) == 1 and parts[0]["type"] == "text":
-        return parts[0]["text"]
+        return str(parts[0]["text"])
     return parts
 
 

@@ -163,7 +163,8 @@ class ResponsesStream:
         index = call.get("index", 0)
         index = index if isinstance(index, int) else 0
         fn = call.get("function") or {}
-        fragment = fn.get("arguments") if isinstance(fn.get("arguments"), str) else ""
+        arguments = fn.get("arguments")
+        fragment: str = arguments if isinstance(arguments, str) else ""
         out: list[bytes] = []
         item = self.calls.get(index)
         if item is None:

@@ -92,5 +92,5 @@ def custom_input(arguments: str) -> str:
     except orjson.JSONDecodeError:
         return arguments
     if isinstance(value, dict) and isinstance(value.get("input"), str):
-        return value["input"]
+        return str(value["input"])
     return arguments
