@@ -97,7 +97,8 @@ class BackendPool:
         self.config = config
         self.client = client
         self.models: dict[str, list[Backend]] = {
-            alias: [Backend(alias, b, config.upstream_model(alias), model_surfaces={str(k): str(v) for k, v in model.surfaces.items()})
+            alias: [Backend(alias, b, config.upstream_model(alias),
+                            model_surfaces={str(k): str(v) for k, v in model.surfaces.items()})
                     for b in model.backends]
             for alias, model in config.models.items()
         }

@@ -62,7 +62,8 @@ class MessagesStream:
         if self._started:
             return b""
         self._started = True
-        message: dict[str, Any] = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.req.model,
+        message: dict[str, Any] = {
+                   "id": self.message_id, "type": "message", "role": "assistant", "model": self.req.model,
                    "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": self.input_tokens, "cache_creation_input_tokens": 0,
                              "cache_read_input_tokens": 0, "output_tokens": 0}}
