@@ -30,7 +30,7 @@ from gateway.native_relay import NativeRelay
 from gateway.response_store import MemoryResponseStore, RedisResponseStore, ResponseStore, StoredResponse
 from gateway.surface import ClientRequest, Surface, Target, UpstreamCall
 from gateway.translate import responses as rs
-from gateway.translate.common import new_id
+from gateway.translate.common import new_id, read_upstream_error, sse_event
 from gateway.translate.responses_stream import ResponsesStream, keepalive
 from gateway.translated_relay import TranslatedRelay
 
@@ -73,6 +73,12 @@ class ResponsesSurface(Surface):
 
     async def close(self) -> None:
         await self.store.close()
+
+    def stream_error(self, status: int, body: bytes) -> bytes:
+        """The Responses stream's own ``error`` event (what the SDKs raise from), once opened."""
+        err = read_upstream_error(status, body)
+        return sse_event("error", {"type": "error", "code": err.code, "message": err.message, "param": err.param,
+                                   "sequence_number": 0})
 
     def parse(self, raw: bytes) -> ClientRequest:
         body = rs.load_body(raw)

@@ -13,6 +13,7 @@ from typing import Any
 import anthropic
 import httpx
 import openai
+import orjson
 import pytest
 import yaml
 
@@ -216,3 +217,58 @@ def test_spans_as_for_chat(stack: tuple[str, str], receiver: OtlpReceiver, surfa
     assert names["cachegate.admission"]["kind"] == names["cachegate.route"]["kind"] == KIND_INTERNAL
     assert any(s["kind"] == KIND_CLIENT for s in names.values())
     assert [e for e in server["events"] if e[0] == "first_token"]
+
+
+@pytest.mark.parametrize("routes", ["all", "chat"])
+def test_previous_response_id_on_another_replica_sharing_redis(redis_url: str, tmp_path: Path, routes: str) -> None:
+    """Turn 1 on replica A, turn 2 (by ``previous_response_id``) and GET on replica B."""
+    with run_twin("tiny", time_scale=0.05, model="kimi", stream_interval_s=0.005, routes=routes) as twin:
+        cfg = write_config(tmp_path / "c.yaml", [twin], redis_url=redis_url)
+        with run_gateway("--config", cfg) as a, run_gateway("--config", cfg) as b:
+            first = openai.OpenAI(base_url=a + "/v1", api_key=KEY).responses.create(
+                model="kimi", input="Look at the project.", tools=TOOLS)
+            call = next(o for o in first.output if o.type == "function_call")
+            other = openai.OpenAI(base_url=b + "/v1", api_key=KEY)
+            with other.responses.stream(model="kimi", previous_response_id=first.id, tools=TOOLS, input=[
+                    {"type": "function_call_output", "call_id": call.call_id, "output": "# demo"}]) as stream:
+                second = stream.get_final_response()
+            assert second.output_text and second.usage is not None
+            assert second.usage.input_tokens_details.cached_tokens > 0
+            assert other.responses.retrieve(first.id).id == first.id
+            with pytest.raises(openai.NotFoundError):  # another team's response reads as absent
+                openai.OpenAI(base_url=b + "/v1", api_key=TIGHT_KEY).responses.retrieve(first.id)
+
+
+@pytest.mark.parametrize("surface", ["responses", "messages"])
+def test_a_long_wait_opens_the_stream_then_a_refusal_is_one_event(tmp_path: Path, surface: str) -> None:
+    """Past ``queue_open_after_s`` a waiting stream gets 200 and keep-alives (``ping`` on Messages);
+    its queue timeout then arrives as one in-stream error event in the surface's shape."""
+    with run_twin("tiny", time_scale=1.0, model="kimi", stream_interval_s=0.01, abort_delay_s=0.0) as twin:
+        cfg = write_config(tmp_path / "c.yaml", [twin], queue_open_after_s=0.3,
+                           upstream={"sse_keepalive_s": 0.2})
+        data = yaml.safe_load(Path(cfg).read_text())
+        data["teams"]["tight"] = {"max_concurrency": 1, "max_queue": 2, "queue_timeout_s": 1.0}
+        Path(cfg).write_text(yaml.safe_dump(data))
+        tight = {"authorization": f"Bearer {TIGHT_KEY}"}
+        with run_gateway("--config", cfg) as gw:
+            started, leave = threading.Event(), threading.Event()
+            holder = threading.Thread(target=_hold, args=(f"{gw}/v1/{surface}", LONG[surface], tight, started, leave))
+            holder.start()
+            try:
+                assert started.wait(10)
+                with httpx.stream("POST", f"{gw}/v1/{surface}", json=LONG[surface], headers=tight, timeout=10) as r:
+                    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+                    body = r.read()
+            finally:
+                leave.set()
+                holder.join(10)
+    events = [e for e in body.split(b"\n\n") if e]
+    if surface == "messages":
+        assert events[0] == b'event: ping\ndata: {"type":"ping"}'
+        assert events[-1].startswith(b"event: error\n")
+        assert b'"type":"overloaded_error"' in events[-1]
+    else:
+        assert events[0] == b": keepalive"
+        name, data = events[-1].split(b"\n")
+        error = orjson.loads(data[len(b"data: "):])
+        assert name == b"event: error" and error["type"] == "error" and error["code"] == "queue_timeout"
