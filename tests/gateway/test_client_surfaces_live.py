@@ -272,3 +272,27 @@ def test_a_long_wait_opens_the_stream_then_a_refusal_is_one_event(tmp_path: Path
         name, data = events[-1].split(b"\n")
         error = orjson.loads(data[len(b"data: "):])
         assert name == b"event: error" and error["type"] == "error" and error["code"] == "queue_timeout"
+
+
+def test_cancel_a_running_response(stack: tuple[str, str], mode: str) -> None:
+    """Translated: the stream ends with ``response.failed``, its upstream is closed, GET says
+    ``cancelled``. Passthrough: the gateway stores the backend's Response at its end, so a running
+    one is not found (404) and the stream goes on."""
+    gw, twin = stack
+    key = {"authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", gw + "/v1/responses", json=LONG["responses"], headers=key, timeout=30) as r:
+        lines = r.iter_lines()
+        created = next(orjson.loads(line[6:]) for line in lines if line.startswith("data: "))
+        rid = created["response"]["id"]
+        cancel = httpx.post(f"{gw}/v1/responses/{rid}/cancel", headers=key)
+        if mode == "passthrough":
+            assert cancel.status_code == 404 and cancel.json()["error"]["code"] == "response_not_found"
+            return
+        assert cancel.status_code == 200 and cancel.json()["status"] == "cancelled"
+        asked = time.monotonic()
+        rest = [orjson.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert rest[-1]["type"] == "response.failed" and time.monotonic() - asked < 1.0
+    while len(twin_of(twin).live):
+        assert time.monotonic() - asked < 1.0, "the upstream of a cancelled response kept running"
+        time.sleep(0.02)
+    assert httpx.get(f"{gw}/v1/responses/{rid}", headers=key).json()["status"] == "cancelled"
