@@ -64,7 +64,6 @@ class ModelConfig(_Strict):
     """Per surface, the mode of this model's backends (default ``translate``: ``docs/clients.md``)."""
 
 
-
 class HealthConfig(_Strict):
     interval_s: float = Field(2.0, gt=0)
     timeout_s: float = Field(5.0, gt=0)

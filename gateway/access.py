@@ -16,7 +16,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import orjson
@@ -49,15 +49,33 @@ class AccessRecord:
 
     def text(self) -> str:
         parts = [f"{self.method} {self.path} status={self.status} route={self.route}"]
-        parts += [f"{key}={value}" for key, value in
-                  (("team", self.team), ("backend", self.backend), ("refusal", self.refusal)) if value]
-        parts += [f"{key}={value:.3f}" for key, value in
-                  (("queue_wait_s", self.queue_wait_s), ("ttft_s", self.ttft_s)) if value is not None]
+        parts += [
+            f"{key}={value}"
+            for key, value in (("team", self.team), ("backend", self.backend), ("refusal", self.refusal))
+            if value
+        ]
+        parts += [
+            f"{key}={value:.3f}"
+            for key, value in (("queue_wait_s", self.queue_wait_s), ("ttft_s", self.ttft_s))
+            if value is not None
+        ]
         parts.append(f"duration_s={self.duration_s:.3f}")
         return " ".join(parts)
 
     def json(self) -> str:
-        return orjson.dumps({k: v for k, v in asdict(self).items() if v not in ("", None)}).decode()
+        fields = {
+            "method": self.method,
+            "route": self.route,
+            "path": self.path,
+            "status": self.status,
+            "team": self.team,
+            "backend": self.backend,
+            "refusal": self.refusal,
+            "queue_wait_s": self.queue_wait_s,
+            "ttft_s": self.ttft_s,
+            "duration_s": self.duration_s,
+        }
+        return orjson.dumps({k: v for k, v in fields.items() if v is not None and v != ""}).decode()
 
 
 def access_record(scope: Scope) -> AccessRecord:
@@ -93,8 +111,7 @@ def configure_access_log(fmt: AccessFormat) -> None:
 class AccessLog:
     """ASGI middleware: records, logs and counts every HTTP request."""
 
-    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute], metrics: Metrics,
-                 fmt: AccessFormat = "text") -> None:
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute], metrics: Metrics, fmt: AccessFormat = "text") -> None:
         self.app = app
         self.routes = routes
         self.metrics = metrics
@@ -120,7 +137,6 @@ class AccessLog:
             record.duration_s = time.monotonic() - started
             status = record.status or 499  # 499: the client left before any answer
             record.status = status
-            self.metrics.http_requests.labels(method if method in METHODS else "OTHER", record.route,
-                                              str(status)).inc()
+            self.metrics.http_requests.labels(method if method in METHODS else "OTHER", record.route, str(status)).inc()
             if self.fmt != "off" and log.isEnabledFor(logging.INFO):
                 log.info(record.json() if self.fmt == "json" else record.text())

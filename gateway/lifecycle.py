@@ -39,8 +39,7 @@ async def read_body(receive: Receive, headers: Headers, limit: int) -> bytes | N
     """The request body, or None if the client left; 413 past ``limit`` bytes."""
     declared = headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"Request body too large: {declared} bytes (limit {limit}).",
-                           "request_too_large")
+        raise GatewayError(413, f"Request body too large: {declared} bytes (limit {limit}).", "request_too_large")
     parts: list[bytes] = []
     size = 0
     while True:
@@ -72,8 +71,9 @@ class RequestPath:
 
     async def _reply_error(self, send: Send, err: GatewayError, rid: str) -> None:
         reply = self.surface.error(err)
-        await send_bytes(send, reply.status, reply.body, reply.content_type,
-                         [*reply.headers, (b"x-request-id", rid.encode())])
+        await send_bytes(
+            send, reply.status, reply.body, reply.content_type, [*reply.headers, (b"x-request-id", rid.encode())]
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gw
@@ -128,16 +128,23 @@ class RequestPath:
         finally:
             trace.end(client_left=client_left)
 
-    async def _serve(self, rid: str, team: str, req: ClientRequest, arrived: float, send: Send,
-                     record: AccessRecord) -> None:
+    async def _serve(
+        self, rid: str, team: str, req: ClientRequest, arrived: float, send: Send, record: AccessRecord
+    ) -> None:
         gw = self.gw
         m = gw.metrics
         alias = req.model
         fingerprint, rendered = request_fingerprint(req.prompt, gw.estimator.ratio)
         req.prompt_bytes = rendered
-        facts = RequestFacts(rid=rid, model=alias, team=team, stream=req.stream,
-                             prompt_tokens=total_tokens(fingerprint), max_output_tokens=req.max_tokens or 0,
-                             fingerprint=fingerprint)
+        facts = RequestFacts(
+            rid=rid,
+            model=alias,
+            team=team,
+            stream=req.stream,
+            prompt_tokens=total_tokens(fingerprint),
+            max_output_tokens=req.max_tokens or 0,
+            fingerprint=fingerprint,
+        )
         trace = current_trace()
         trace.facts(facts.prompt_tokens)
         m.queued.labels(team).inc()
@@ -155,8 +162,9 @@ class RequestPath:
             trace.failed(r.status, r.code)
             record.refusal = r.code
             retry_after = str(max(1, round(r.retry_after_s)))
-            await self._reply_error(send, GatewayError(r.status, r.message, r.code,
-                                                       headers={"retry-after": retry_after}), rid)
+            await self._reply_error(
+                send, GatewayError(r.status, r.message, r.code, headers={"retry-after": retry_after}), rid
+            )
             return
         finally:
             await held.stop()
@@ -170,8 +178,9 @@ class RequestPath:
         exchange = Exchange()
         client_left = False
         try:
-            await gw.upstream.forward(rid, req, self.surface, decision, send, trace,
-                                      lambda retry: gw.routed(alias, retry, trace), exchange)
+            await gw.upstream.forward(
+                rid, req, self.surface, decision, send, trace, lambda retry: gw.routed(alias, retry, trace), exchange
+            )
             if exchange.error is not None:
                 err = exchange.error
                 trace.failed(err.status, err.code)
@@ -182,18 +191,25 @@ class RequestPath:
         finally:
             m.inflight.labels(team).dec()
             result = exchange.result
-            gw.dispatcher.release(rid, Outcome(ok=exchange.ok and not client_left, prompt_tokens=result.prompt_tokens,
-                                               completion_tokens=result.completion_tokens,
-                                               cached_tokens=result.cached_tokens,
-                                               reached_backend=exchange.reached_backend))
+            gw.dispatcher.release(
+                rid,
+                Outcome(
+                    ok=exchange.ok and not client_left,
+                    prompt_tokens=result.prompt_tokens,
+                    completion_tokens=result.completion_tokens,
+                    cached_tokens=result.cached_tokens,
+                    reached_backend=exchange.reached_backend,
+                ),
+            )
             record.backend = exchange.backend
             if result.first_token_at is not None:
                 record.ttft_s = result.first_token_at - arrived
             status = exchange.error.status if exchange.error else exchange.status
             self._observe(team, alias, exchange.backend, 0 if client_left else status, arrived, req, result)
 
-    def _observe(self, team: str, alias: str, backend: str, status: int, arrived: float,
-                 req: ClientRequest, result: Result) -> None:
+    def _observe(
+        self, team: str, alias: str, backend: str, status: int, arrived: float, req: ClientRequest, result: Result
+    ) -> None:
         m = self.gw.metrics
         now = time.monotonic()
         trace = current_trace()
@@ -208,7 +224,8 @@ class RequestPath:
             m.ttft.labels(team, alias, backend).observe(result.first_token_at - arrived, exemplar)
             if result.last_token_at and result.completion_tokens > 1:
                 m.itl.labels(team, alias, backend).observe(
-                    (result.last_token_at - result.first_token_at) / (result.completion_tokens - 1), exemplar)
+                    (result.last_token_at - result.first_token_at) / (result.completion_tokens - 1), exemplar
+                )
         if result.usage:
             m.tokens.labels(team, alias, "input").inc(result.prompt_tokens)
             m.tokens.labels(team, alias, "cached").inc(result.cached_tokens)

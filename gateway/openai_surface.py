@@ -23,9 +23,15 @@ class OpenAISurface(Surface):
 
     def parse(self, raw: bytes) -> ClientRequest:
         parsed = parse(raw, self.kind)
-        return ClientRequest(model=parsed.model, stream=parsed.stream, max_tokens=parsed.max_tokens,
-                             prompt=parsed.body, body=parsed.body, native=parsed,
-                             prompt_bytes=parsed.prompt_bytes)
+        return ClientRequest(
+            model=parsed.model,
+            stream=parsed.stream,
+            max_tokens=parsed.max_tokens,
+            prompt=parsed.body,
+            body=parsed.body,
+            native=parsed,
+            prompt_bytes=parsed.prompt_bytes,
+        )
 
     def upstream(self, req: ClientRequest, target: Target) -> UpstreamCall:
         parsed = req.native

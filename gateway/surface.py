@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 from starlette.types import Message, Send
 
+from backends.config import BackendConfig
 from gateway.errors import GatewayError, error_body
 from gateway.proxy import Result, StreamWatch, read_usage, relay_stream, send_bytes
 from gateway.translate.responses import reshape_upstream_error
@@ -80,6 +81,9 @@ class Target:
     """The model name the backend serves (the alias is rewritten to it)."""
     rank: int | None
     """DP rank to pin (``routed_dp_rank``), None for a backend without DP attention."""
+    config: BackendConfig | None = None
+    """The backend's configuration, for a per-backend choice (e.g. a field saying the backend
+    serves ``/v1/responses`` itself, so a surface posts there instead of translating)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +106,7 @@ class Relay(ABC):
         """Relay a 200 event-stream answer as it arrives."""
 
     @abstractmethod
-    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
-                    ctx: RelayContext) -> None:
+    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         """Relay a complete answer (non-stream, or any upstream status other than 200)."""
 
 
@@ -118,8 +121,7 @@ class PassthroughRelay(Relay):
         watch = StreamWatch(ctx.result, self.strip_usage, ctx.first_token)
         await relay_stream(response, send, watch, ctx.keepalive_s, ctx.headers)
 
-    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
-                    ctx: RelayContext) -> None:
+    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         if status == 200:
             read_usage(payload, ctx.result)
             if ctx.result.completion_tokens:
@@ -165,7 +167,7 @@ class TranslatingRelay(Relay):
                 out: list[bytes] = []
                 start = 0
                 for match in _EVENT_END.finditer(data):
-                    out.append(self.translate_event(data[start:match.end()]))
+                    out.append(self.translate_event(data[start : match.end()]))
                     start = match.end()
                 pending = data[start:]
                 if last:
@@ -178,8 +180,7 @@ class TranslatingRelay(Relay):
 
         await relay_stream(response, translated, watch, ctx.keepalive_s, ctx.headers)
 
-    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
-                    ctx: RelayContext) -> None:
+    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         if status == 200:
             read_usage(payload, ctx.result)
             if ctx.result.completion_tokens:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx
 from starlette.types import Send
@@ -27,6 +28,10 @@ from gateway.telemetry import RequestTrace
 from policies.types import Dispatch
 
 BROKEN = ("timeout", "stream_broken")
+
+AttemptEnd = Literal["answered", "unreached", "failed"]
+"""How one attempt ended: an answer was relayed; nothing reached the backend (retry elsewhere); or
+the backend got the request and the attempt failed (``Exchange.error`` says how)."""
 
 
 @dataclass(slots=True)
@@ -51,23 +56,33 @@ class Exchange:
 class Upstream:
     """The upstream hop of one worker: its HTTP client, the pool, and what learns from failures."""
 
-    def __init__(self, client: httpx.AsyncClient, pool: BackendPool, dispatcher: Dispatcher, metrics: Metrics,
-                 keepalive_s: float) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, pool: BackendPool, dispatcher: Dispatcher, metrics: Metrics, keepalive_s: float
+    ) -> None:
         self.client = client
         self.pool = pool
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.keepalive_s = keepalive_s
 
-    async def forward(self, rid: str, req: ClientRequest, surface: Surface, decision: Dispatch, send: Send,
-                      trace: RequestTrace, routed: Callable[[Dispatch], None], exchange: Exchange) -> Exchange:
+    async def forward(
+        self,
+        rid: str,
+        req: ClientRequest,
+        surface: Surface,
+        decision: Dispatch,
+        send: Send,
+        trace: RequestTrace,
+        routed: Callable[[Dispatch], None],
+        exchange: Exchange,
+    ) -> Exchange:
         """Send ``req`` per ``decision``; one retry elsewhere (reason ``retry``) if it did not reach."""
         for attempt in range(2):
             backend = self.pool.get(req.model, decision.backend)
             exchange.backend = backend.name
             exchange.reached_backend = True  # until the attempt proves otherwise
-            error = await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
-            if error != "unreached":
+            end = await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+            if end != "unreached":
                 return exchange
             exchange.reached_backend = False
             if attempt == 0:
@@ -77,18 +92,33 @@ class Upstream:
                     routed(decision)
                     continue
             break
-        exchange.error = GatewayError(502, f"Could not reach a backend for model '{req.model}'.",
-                                      "upstream_unreachable")
+        exchange.error = GatewayError(
+            502, f"Could not reach a backend for model '{req.model}'.", "upstream_unreachable"
+        )
         return exchange
 
-    async def _attempt(self, rid: str, req: ClientRequest, surface: Surface, decision: Dispatch,
-                       backend: Backend, send: Send, trace: RequestTrace, exchange: Exchange) -> str | None:
-        """One attempt; ``"unreached"`` when it failed before anything reached the backend."""
+    async def _attempt(
+        self,
+        rid: str,
+        req: ClientRequest,
+        surface: Surface,
+        decision: Dispatch,
+        backend: Backend,
+        send: Send,
+        trace: RequestTrace,
+        exchange: Exchange,
+    ) -> AttemptEnd:
+        """One attempt (see ``AttemptEnd``)."""
         rank = decision.rank if backend.dp_size > 1 else None
-        call = surface.upstream(req, Target(backend.name, backend.upstream_model, rank))
+        call = surface.upstream(req, Target(backend.name, backend.upstream_model, rank, backend.config))
         url = backend.url + call.path
-        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
-                   **call.headers, "x-request-id": rid, **backend.headers()}
+        headers = {
+            "content-type": "application/json",
+            "accept": "application/json, text/event-stream",
+            **call.headers,
+            "x-request-id": rid,
+            **backend.headers(),
+        }
         span = trace.upstream(backend.name, url, headers)  # adds traceparent
         m = self.metrics
         request = self.client.build_request("POST", url, content=call.body, headers=headers)
@@ -104,16 +134,17 @@ class Upstream:
             m.upstream_errors.labels(backend.name, "timeout").inc()
             self.pool.request_failed(backend, "timeout", "no answer in time")
             exchange.error = GatewayError(504, "The backend did not answer in time.", "upstream_timeout")
-            return "timeout"
+            return "failed"
         except httpx.HTTPError as exc:
             span.failed("connect", exc)
             m.upstream_errors.labels(backend.name, "connect").inc()
             self.pool.request_failed(backend, "connect", f"{type(exc).__name__}: {exc}")
             exchange.error = GatewayError(502, f"Upstream error: {type(exc).__name__}.", "upstream_error")
-            return "error"
+            return "failed"
         result = exchange.result
-        ctx = RelayContext(result, self._first_token(rid, req, trace), self.keepalive_s,
-                           [(b"x-request-id", rid.encode())])
+        ctx = RelayContext(
+            result, self._first_token(rid, req, trace), self.keepalive_s, [(b"x-request-id", rid.encode())]
+        )
         status = response.status_code
         try:
             result.status = status
@@ -126,12 +157,12 @@ class Upstream:
                     m.upstream_errors.labels(backend.name, "timeout").inc()
                     result.stream_error = "timeout"
                     exchange.error = GatewayError(504, "The backend did not answer in time.", "upstream_timeout")
-                    return "timeout"
+                    return "failed"
                 except httpx.HTTPError:
                     m.upstream_errors.labels(backend.name, "stream_broken").inc()
                     result.stream_error = "stream_broken"
                     exchange.error = GatewayError(502, "The backend connection broke.", "upstream_error")
-                    return "stream_broken"
+                    return "failed"
                 ctype = response.headers.get("content-type", "application/json").encode()
                 await call.relay.whole(status, payload, ctype, send, ctx)
             else:
@@ -149,7 +180,7 @@ class Upstream:
                 self.pool.request_failed(backend, result.stream_error or "", "the response broke off")
             else:
                 self.pool.request_ok(backend)
-        return None
+        return "answered"
 
     def _first_token(self, rid: str, req: ClientRequest, trace: RequestTrace) -> Callable[[], None]:
         def first_token() -> None:
@@ -158,4 +189,3 @@ class Upstream:
             trace.first_token()
 
         return first_token
-

@@ -35,10 +35,15 @@ class Gateway:
         self.metrics = metrics or Metrics()
         self.telemetry = Telemetry(config.telemetry)
         self.core = registry.build(config.policy)
-        self.core.configure({"teams": {n: t.model_dump() for n, t in config.teams.items()},
-                             "admission": config.admission.model_dump(exclude_none=True)})
-        self.state: MemoryState | RedisState = (RedisState(config.redis_url, lease_ttl_s=config.lease_ttl_s)
-                                                if config.redis_url else MemoryState())
+        self.core.configure(
+            {
+                "teams": {n: t.model_dump() for n, t in config.teams.items()},
+                "admission": config.admission.model_dump(exclude_none=True),
+            }
+        )
+        self.state: MemoryState | RedisState = (
+            RedisState(config.redis_url, lease_ttl_s=config.lease_ttl_s) if config.redis_url else MemoryState()
+        )
         self.state.on_wake = lambda team: self.dispatcher.wake(team)
         self.state.on_limits = self._limits_changed
         self.state.on_share = self._share_changed
@@ -75,10 +80,14 @@ class Gateway:
 
     async def start(self) -> None:
         up = self.config.upstream
-        timeout = httpx.Timeout(connect=up.connect_timeout_s, read=up.idle_timeout_s, write=up.idle_timeout_s,
-                                pool=up.connect_timeout_s)
-        limits = httpx.Limits(max_connections=up.max_connections, max_keepalive_connections=up.max_connections,
-                              keepalive_expiry=up.keepalive_expiry_s)
+        timeout = httpx.Timeout(
+            connect=up.connect_timeout_s, read=up.idle_timeout_s, write=up.idle_timeout_s, pool=up.connect_timeout_s
+        )
+        limits = httpx.Limits(
+            max_connections=up.max_connections,
+            max_keepalive_connections=up.max_connections,
+            keepalive_expiry=up.keepalive_expiry_s,
+        )
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
         self.pool = BackendPool(self.config, self.client)
         self._upstream = Upstream(self.client, self.pool, self.dispatcher, self.metrics, up.sse_keepalive_s)

@@ -8,14 +8,22 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import ClassVar, Literal
 
 from policies.types import BackendView, Dispatch, Outcome, RequestFacts
 
+RouterHook = Literal["dispatched", "first_token", "finished", "matched_tokens"]
+"""The optional hooks of ``Router`` (each has a no-op default)."""
+
+ROUTER_HOOKS: tuple[RouterHook, ...] = ("dispatched", "first_token", "finished", "matched_tokens")
+
 
 class Router(ABC):
-    """The routing contract: ``route`` is required; the other hooks default to doing nothing."""
+    """The routing contract: ``route`` is required; the other hooks default to doing nothing, and a
+    router names those it implements in ``hooks``."""
 
     name: str
+    hooks: ClassVar[frozenset[RouterHook]] = frozenset()
 
     @abstractmethod
     def route(self, req: RequestFacts, backends: Sequence[BackendView], now: float) -> Dispatch | None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,20 +49,23 @@ def run_gateway(*args: str, env: dict[str, str] | None = None, ready_path: str =
     """Run ``cachegate serve ARGS`` and yield its base URL; always stop it."""
     port = port or free_port()
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen([*CACHEGATE, "serve", "--port", str(port), *args], cwd=ROOT, env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    base = Running(f"http://127.0.0.1:{port}")
-    base.pid = proc.pid
-    try:
-        wait_http(base + ready_path, proc=proc)
-        yield base
-    except BaseException:
-        stop(proc)
-        output = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-        print(output[-4000:])
-        raise
-    finally:
-        stop(proc)
+    # A file, not a pipe: nobody drains a pipe while the test runs, and one access-log line per
+    # request would fill it and block the gateway.
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([*CACHEGATE, "serve", "--port", str(port), *args], cwd=ROOT, env=full_env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        base = Running(f"http://127.0.0.1:{port}")
+        base.pid = proc.pid
+        try:
+            wait_http(base + ready_path, proc=proc)
+            yield base
+        except BaseException:
+            stop(proc)
+            log.seek(0)
+            print(log.read().decode(errors="replace")[-4000:])
+            raise
+        finally:
+            stop(proc)
 
 
 def stop(proc: subprocess.Popen) -> None:

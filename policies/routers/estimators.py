@@ -46,8 +46,9 @@ class CommonBlocks:
 
     _BRANCH = -1
 
-    def __init__(self, *, scan_blocks: int = 256, frac: float = 0.25, window: int = 512,
-                 max_blocks: int = 262_144) -> None:
+    def __init__(
+        self, *, scan_blocks: int = 256, frac: float = 0.25, window: int = 512, max_blocks: int = 262_144
+    ) -> None:
         self.scan_blocks = scan_blocks
         self.frac = frac
         self.window = window

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import ClassVar
 
 from policies.routers.base import Inflight, make_dispatch, slot_of, slots_of
-from policies.routing import Router
+from policies.routing import Router, RouterHook
 from policies.types import BackendView, Dispatch, Outcome, RequestFacts
 
 
@@ -22,6 +23,7 @@ class LeastLoad(Router):
     """
 
     name = "least-load"
+    hooks: ClassVar[frozenset[RouterHook]] = frozenset({"dispatched", "finished"})
 
     def __init__(self, *, seed: int = 0) -> None:
         self._rng = random.Random(seed)

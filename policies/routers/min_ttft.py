@@ -5,13 +5,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from policies.prefix_index import PrefixIndex, cumulative_tokens
 from policies.routers.base import Inflight, Rendezvous, Slot, make_dispatch, slot_label, slot_of, slots_of, stable_hash
 from policies.routers.estimators import CommonBlocks as CommonBlocks
 from policies.routers.estimators import Footprint, RecentMax
 from policies.routers.estimators import PrefillModel as PrefillModel
-from policies.routing import Router
+from policies.routing import Router, RouterHook
 from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts
 
 
@@ -93,6 +94,7 @@ class MinTTFT(Router):
     """
 
     name = "min-ttft"
+    hooks: ClassVar[frozenset[RouterHook]] = frozenset({"dispatched", "first_token", "finished", "matched_tokens"})
 
     def __init__(self, *, model: PrefillModel | None = None, tie_rel: float = 0.1, tie_abs_s: float = 0.1,
                  gate_ratio: float = 1.5, gate_slack: float = 2.0, load_factor: float = 1.5,

@@ -7,9 +7,10 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from policies.routers.base import Inflight, Slot, make_dispatch, slot_of, slots_of
-from policies.routing import Router
+from policies.routing import Router, RouterHook
 from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts
 
 CHARS_PER_TOKEN = 4
@@ -148,6 +149,7 @@ class SglangCacheAware(Router):
     """
 
     name = "sglang-cache-aware"
+    hooks: ClassVar[frozenset[RouterHook]] = frozenset({"dispatched", "finished"})
 
     def __init__(self, *, cache_threshold: float = 0.3, balance_abs_threshold: int = 64,
                  balance_rel_threshold: float = 1.5, eviction_interval_s: float = 60.0,

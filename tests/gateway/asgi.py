@@ -22,9 +22,14 @@ from tests.fake_upstream import SERVED
 
 def config(*urls: str, policy: str = "gateway", **extra: Any) -> Config:
     """A gateway over ``urls`` for model alias ``kimi``; health checks slow enough not to interfere."""
-    return Config.model_validate({
-        "models": {"kimi": {"upstream_model": SERVED, "backends": [{"url": u} for u in urls]}},
-        "health": {"interval_s": 30.0, "load_interval_s": 30.0}, "policy": policy, **extra})
+    return Config.model_validate(
+        {
+            "models": {"kimi": {"upstream_model": SERVED, "backends": [{"url": u} for u in urls]}},
+            "health": {"interval_s": 30.0, "load_interval_s": 30.0},
+            "policy": policy,
+            **extra,
+        }
+    )
 
 
 @asynccontextmanager
@@ -37,8 +42,9 @@ async def running(cfg: Config, **kwargs: Any) -> AsyncIterator[tuple[Starlette, 
             yield app, client
 
 
-async def call_and_leave(app: Starlette, path: str, body: dict[str, Any], leave_after_chunks: int,
-                         headers: dict[str, str] | None = None) -> tuple[int, list[bytes]]:
+async def call_and_leave(
+    app: Starlette, path: str, body: dict[str, Any], leave_after_chunks: int, headers: dict[str, str] | None = None
+) -> tuple[int, list[bytes]]:
     """POST ``body``; the client disconnects once it has ``leave_after_chunks`` body chunks.
     Returns the status and the chunks it got."""
     raw = orjson.dumps(body)
@@ -66,8 +72,20 @@ async def call_and_leave(app: Starlette, path: str, body: dict[str, Any], leave_
 
     hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     hdrs += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": hdrs, "client": ("127.0.0.1", 50000), "server": ("gateway", 80), "state": {}}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": hdrs,
+        "client": ("127.0.0.1", 50000),
+        "server": ("gateway", 80),
+        "state": {},
+    }
     await asyncio.wait_for(app(scope, receive, send), 20)
     return status, chunks

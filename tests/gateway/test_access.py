@@ -47,9 +47,14 @@ def upstream() -> Iterator[FakeUpstream]:
 
 
 def _teams(**extra: object) -> dict[str, object]:
-    return {"keys": [{"sha256": hash_key(KEY), "team": "platform"}],
-            "teams": {"platform": {"max_concurrency": 4, "max_queue": 8},
-                      "blocked": {"max_concurrency": 0, "max_queue": 0}}, **extra}
+    return {
+        "keys": [{"sha256": hash_key(KEY), "team": "platform"}],
+        "teams": {
+            "platform": {"max_concurrency": 4, "max_queue": 8},
+            "blocked": {"max_concurrency": 0, "max_queue": 0},
+        },
+        **extra,
+    }
 
 
 async def test_every_request_gets_one_line_and_one_count(upstream: FakeUpstream, access: Lines) -> None:
@@ -58,8 +63,12 @@ async def test_every_request_gets_one_line_and_one_count(upstream: FakeUpstream,
         unknown = await client.get("/v1/nothing-here/12345")
         denied = await client.post(CHAT, json=HI, headers={"authorization": "Bearer wrong"})
         wrong_method = await client.get(CHAT)
-        assert (ok.status_code, unknown.status_code, denied.status_code, wrong_method.status_code) == \
-            (200, 404, 401, 405)
+        assert (ok.status_code, unknown.status_code, denied.status_code, wrong_method.status_code) == (
+            200,
+            404,
+            401,
+            405,
+        )
         metrics = (await client.get("/metrics")).text
     assert len(access.lines) == 5, access.lines  # the four above and the /metrics scrape
     served, missing, unauthorized, not_allowed, _ = access.lines

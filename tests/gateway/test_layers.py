@@ -21,7 +21,8 @@ def _module(path: Path) -> str:
 def _type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST, modules: set[str], package: str) -> set[str]:
@@ -100,15 +101,21 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_backends_never_import_gateway() -> None:
     graph = _graph()
-    bad = {m: sorted(d for d in deps if d.split(".")[0] == "gateway")
-           for m, deps in graph.items() if m.split(".")[0] == "backends"}
+    bad = {
+        m: sorted(d for d in deps if d.split(".")[0] == "gateway")
+        for m, deps in graph.items()
+        if m.split(".")[0] == "backends"
+    }
     assert not {m: d for m, d in bad.items() if d}
 
 
 def test_policies_import_only_policies() -> None:
     graph = _graph()
-    bad = {m: sorted(d for d in deps if d.split(".")[0] != "policies")
-           for m, deps in graph.items() if m.split(".")[0] == "policies"}
+    bad = {
+        m: sorted(d for d in deps if d.split(".")[0] != "policies")
+        for m, deps in graph.items()
+        if m.split(".")[0] == "policies"
+    }
     assert not {m: d for m, d in bad.items() if d}
 
 

@@ -38,13 +38,17 @@ async def test_a_completion_is_rewritten_for_upstream_and_its_usage_counted(upst
     assert 'cachegate_tokens_total{kind="input",model="kimi",team="default"} 11.0' in metrics
 
 
-@pytest.mark.parametrize(("body", "status", "code"), [
-    ({"model": "nope", "messages": HI}, 404, "model_not_found"),
-    ({"model": "kimi"}, 400, "invalid_request"),
-    ({"model": "kimi", "messages": [{"role": "user", "content": "x" * 5000}]}, 413, "request_too_large"),
-])
-async def test_bad_requests_get_the_openai_envelope(upstream: FakeUpstream, body: dict[str, object], status: int,
-                                                    code: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"model": "nope", "messages": HI}, 404, "model_not_found"),
+        ({"model": "kimi"}, 400, "invalid_request"),
+        ({"model": "kimi", "messages": [{"role": "user", "content": "x" * 5000}]}, 413, "request_too_large"),
+    ],
+)
+async def test_bad_requests_get_the_openai_envelope(
+    upstream: FakeUpstream, body: dict[str, object], status: int, code: str
+) -> None:
     async with running(config(upstream.url, max_body_bytes=4096)) as (_, client):
         response = await client.post(CHAT, json=body)
     assert response.status_code == status

@@ -47,8 +47,11 @@ class ShoutRelay(TranslatingRelay):
 
     def translate_whole(self, status: int, payload: bytes, content_type: bytes) -> tuple[int, bytes, bytes]:
         if status != 200:
-            return status, orjson.dumps({"type": "error", "error": {"type": "api_error", "message": "upstream"}}), \
-                b"application/json"
+            return (
+                status,
+                orjson.dumps({"type": "error", "error": {"type": "api_error", "message": "upstream"}}),
+                b"application/json",
+            )
         text = orjson.loads(payload)["choices"][0]["message"]["content"]
         return 200, orjson.dumps({"text": text.upper()}), b"application/json"
 
@@ -56,6 +59,9 @@ class ShoutRelay(TranslatingRelay):
 class ShoutSurface(Surface):
     name = "shout"
     path = "/v1/shout"
+
+    def __init__(self) -> None:
+        self.targets: list[Target] = []
 
     def parse(self, raw: bytes) -> ClientRequest:
         try:
@@ -65,21 +71,32 @@ class ShoutSurface(Surface):
         if not isinstance(body, dict) or not isinstance(body.get("text"), str):
             raise GatewayError(400, "'text' is required", "invalid_request", "text")
         messages = [{"role": "user", "content": body["text"]}]
-        return ClientRequest(model=str(body.get("model")), stream=bool(body.get("stream")), max_tokens=None,
-                             prompt={"messages": messages}, body=body, native=messages)
+        return ClientRequest(
+            model=str(body.get("model")),
+            stream=bool(body.get("stream")),
+            max_tokens=None,
+            prompt={"messages": messages},
+            body=body,
+            native=messages,
+        )
 
     def upstream(self, req: ClientRequest, target: Target) -> UpstreamCall:
+        self.targets.append(target)
         body: dict[str, Any] = {"model": target.upstream_model, "messages": req.native, "stream": req.stream}
         if req.stream:
             body["stream_options"] = {"include_usage": True}
         return UpstreamCall("/v1/chat/completions", orjson.dumps(body), ShoutRelay())
 
     def error(self, err: GatewayError) -> ErrorReply:
-        kind = {429: "rate_limit_error", 404: "not_found_error", 400: "invalid_request_error"}.get(err.status,
-                                                                                                  "api_error")
+        kind = {429: "rate_limit_error", 404: "not_found_error", 400: "invalid_request_error"}.get(
+            err.status, "api_error"
+        )
         headers = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
-        return ErrorReply(err.status, orjson.dumps({"type": "error", "error": {"type": kind, "message": err.message}}),
-                          headers=[*headers, (b"x-cachegate-code", (err.code or "").encode())])
+        return ErrorReply(
+            err.status,
+            orjson.dumps({"type": "error", "error": {"type": kind, "message": err.message}}),
+            headers=[*headers, (b"x-cachegate-code", (err.code or "").encode())],
+        )
 
 
 @pytest.fixture(scope="module")
@@ -90,22 +107,29 @@ def upstream() -> Iterator[FakeUpstream]:
 
 
 def _config(url: str) -> Any:
-    return config(url, keys=[{"sha256": hash_key(KEY), "team": "ok"}, {"sha256": hash_key(BLOCKED), "team": "no"}],
-                  teams={"ok": {"max_concurrency": 4}, "no": {"max_concurrency": 0, "max_queue": 0}})
+    return config(
+        url,
+        keys=[{"sha256": hash_key(KEY), "team": "ok"}, {"sha256": hash_key(BLOCKED), "team": "no"}],
+        teams={"ok": {"max_concurrency": 4}, "no": {"max_concurrency": 0, "max_queue": 0}},
+    )
 
 
-def _app(url: str) -> Any:
-    return running(_config(url), surfaces=[*default_surfaces(), ShoutSurface()])
+def _app(url: str, surface: ShoutSurface | None = None) -> Any:
+    return running(_config(url), surfaces=[*default_surfaces(), surface or ShoutSurface()])
 
 
 async def test_a_translated_stream_reports_first_token_and_usage(upstream: FakeUpstream) -> None:
     async with _app(upstream.url) as (_, client):
-        response = await client.post("/v1/shout", json={"model": "kimi", "text": "hi", "stream": True},
-                                     headers={"authorization": f"Bearer {KEY}"})
+        response = await client.post(
+            "/v1/shout",
+            json={"model": "kimi", "text": "hi", "stream": True},
+            headers={"authorization": f"Bearer {KEY}"},
+        )
         metrics = (await client.get("/metrics")).text
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
-    assert response.content == b"".join([_sse("text", {"text": t}) for t in ("HELLO", ", ", "WORLD", "!")]
-                                        + [_sse("done", {"events": 4})])
+    assert response.content == b"".join(
+        [_sse("text", {"text": t}) for t in ("HELLO", ", ", "WORLD", "!")] + [_sse("done", {"events": 4})]
+    )
     sent = upstream.requests[-1]
     assert sent["path"] == "/v1/chat/completions" and sent["body"]["model"] == SERVED
     assert 'cachegate_tokens_total{kind="output",model="kimi",team="ok"} 7.0' in metrics
@@ -115,20 +139,29 @@ async def test_a_translated_stream_reports_first_token_and_usage(upstream: FakeU
 
 
 async def test_a_whole_answer_is_translated(upstream: FakeUpstream) -> None:
-    async with _app(upstream.url) as (_, client):
-        response = await client.post("/v1/shout", json={"model": "kimi", "text": "hi"},
-                                     headers={"authorization": f"Bearer {KEY}"})
+    surface = ShoutSurface()
+    async with _app(upstream.url, surface) as (_, client):
+        response = await client.post(
+            "/v1/shout", json={"model": "kimi", "text": "hi"}, headers={"authorization": f"Bearer {KEY}"}
+        )
     assert response.status_code == 200 and response.json() == {"text": "HELLO, WORLD!"}
+    (target,) = surface.targets
+    assert target.upstream_model == SERVED and target.rank is None
+    assert target.config is not None and target.config.url == upstream.url, "the builder may choose per backend"
 
 
-@pytest.mark.parametrize(("key", "body", "status", "kind", "code"), [
-    (BLOCKED, {"model": "kimi", "text": "hi"}, 429, "rate_limit_error", "team_queue_full"),
-    (KEY, {"model": "kimi"}, 400, "invalid_request_error", "invalid_request"),
-    (KEY, {"model": "nope", "text": "hi"}, 404, "not_found_error", "model_not_found"),
-    ("sk-wrong", {"model": "kimi", "text": "hi"}, 401, "api_error", "invalid_api_key"),
-])
-async def test_every_error_comes_in_the_surfaces_envelope(upstream: FakeUpstream, key: str, body: dict[str, Any],
-                                                          status: int, kind: str, code: str) -> None:
+@pytest.mark.parametrize(
+    ("key", "body", "status", "kind", "code"),
+    [
+        (BLOCKED, {"model": "kimi", "text": "hi"}, 429, "rate_limit_error", "team_queue_full"),
+        (KEY, {"model": "kimi"}, 400, "invalid_request_error", "invalid_request"),
+        (KEY, {"model": "nope", "text": "hi"}, 404, "not_found_error", "model_not_found"),
+        ("sk-wrong", {"model": "kimi", "text": "hi"}, 401, "api_error", "invalid_api_key"),
+    ],
+)
+async def test_every_error_comes_in_the_surfaces_envelope(
+    upstream: FakeUpstream, key: str, body: dict[str, Any], status: int, kind: str, code: str
+) -> None:
     async with _app(upstream.url) as (_, client):
         response = await client.post("/v1/shout", json=body, headers={"authorization": f"Bearer {key}"})
     assert response.status_code == status

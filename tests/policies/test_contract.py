@@ -19,7 +19,7 @@ from policies import registry
 from policies.admission import SeatedAdmission, SeatParams
 from policies.core import HOOKS, DecisionCore
 from policies.routers import MinTTFT
-from policies.routing import Router
+from policies.routing import ROUTER_HOOKS, Router
 from policies.types import BackendView, Dispatch, Outcome, RequestFacts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,8 +45,11 @@ def test_nothing_probes_objects_with_hasattr_or_getattr() -> None:
     found = []
     for name, tree, text in _sources():
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id in ("hasattr", "getattr")):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("hasattr", "getattr")
+            ):
                 call = ast.get_source_segment(text, node) or ""
                 if (name, call) not in ALLOWED_PROBES:
                     found.append(f"{name}:{node.lineno}: {call}")
@@ -60,8 +63,9 @@ def test_every_event_sent_to_a_core_is_in_the_contract() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and ast.unparse(node.value) in CORE_NAMES:
                 sent.setdefault(node.attr, set()).add(name)
-    assert {"arrive", "finish", "requeue", "set_share", "configure", "snapshot"} <= set(sent), \
+    assert {"arrive", "finish", "requeue", "set_share", "configure", "snapshot"} <= set(sent), (
         "the scan must see the gateway's and the simulator's calls"
+    )
     undeclared = {attr: where for attr, where in sent.items() if attr not in declared}
     assert not undeclared, f"sent to a core but not declared on DecisionCore: {undeclared}"
 
@@ -83,15 +87,28 @@ def test_a_core_without_team_limits_answers_the_hooks_with_nothing() -> None:
 
 
 @pytest.mark.parametrize("name", registry.routing_names())
-def test_every_router_subclasses_the_routing_contract(name: str) -> None:
-    assert isinstance(registry.router(name), Router)
+def test_every_router_subclasses_the_routing_contract_and_declares_its_hooks(name: str) -> None:
+    router = registry.router(name)
+    assert isinstance(router, Router)
+    overridden = {hook for hook in ROUTER_HOOKS if getattr(type(router), hook) is not getattr(Router, hook)}
+    assert router.hooks == overridden
 
 
 def _turns() -> tuple[RequestFacts, RequestFacts]:
-    first = RequestFacts(rid="t1", model="m", prompt_tokens=3000, max_output_tokens=10,
-                         fingerprint=tuple((k, 1000) for k in (11, 12, 13)))
-    second = RequestFacts(rid="t2", model="m", prompt_tokens=4000, max_output_tokens=10,
-                          fingerprint=tuple((k, 1000) for k in (11, 12, 13, 14)))
+    first = RequestFacts(
+        rid="t1",
+        model="m",
+        prompt_tokens=3000,
+        max_output_tokens=10,
+        fingerprint=tuple((k, 1000) for k in (11, 12, 13)),
+    )
+    second = RequestFacts(
+        rid="t2",
+        model="m",
+        prompt_tokens=4000,
+        max_output_tokens=10,
+        fingerprint=tuple((k, 1000) for k in (11, 12, 13, 14)),
+    )
     return first, second
 
 
