@@ -151,6 +151,24 @@ def test_errors_in_each_surface_envelope(stack: tuple[str, str]) -> None:
     assert httpx.head(gw + "/").status_code == 200
 
 
+def test_upstream_errors_in_each_surface_envelope(stack: tuple[str, str]) -> None:
+    """The twin refuses a request longer than its context (400, SGLang's flat error shape); each
+    surface answers it in its own envelope with the status kept."""
+    gw, _ = stack
+    huge = 10_000_000
+    with pytest.raises(anthropic.BadRequestError) as a_err:
+        anthropic.Anthropic(base_url=gw, api_key=KEY).messages.create(
+            model="kimi", max_tokens=huge, messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert a_err.value.body["type"] == "error" and a_err.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as o_err:
+        openai.OpenAI(base_url=gw + "/v1", api_key=KEY).responses.create(model="kimi", input="hi",
+                                                                        max_output_tokens=huge)
+    assert o_err.value.body["message"] and "object" not in o_err.value.body
+    r = httpx.post(gw + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
+                   json={"model": "kimi", "max_tokens": huge, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and set(r.json()) == {"error"} and r.json()["error"]["type"] == "invalid_request_error"
+
+
 def _hold(url: str, body: dict[str, Any], headers: dict[str, str], started: threading.Event,
           leave: threading.Event) -> None:
     with httpx.stream("POST", url, json=body, headers=headers, timeout=30) as r:

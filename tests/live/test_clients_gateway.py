@@ -87,6 +87,11 @@ def test_claude_code_through_cachegate(stack: tuple[str, list[str]], mode: str, 
     assert run.json is not None and run.json["is_error"] is False, run.describe()
     assert run.json["num_turns"] >= 2 and run.json["result"]
     assert run.json["usage"]["cache_read_input_tokens"] > 0
+    if mode == "passthrough":  # anthropic-version and anthropic-beta reach the engine
+        posts = [e for t, n in zip(twins, before, strict=True)
+                 for e in httpx.get(f"{t}/_twin/requests").json()[n:] if e.get("method") == "POST"]
+        assert posts and all(e["headers"].get("anthropic-version") == "2023-06-01"
+                             and e["headers"].get("anthropic-beta") for e in posts), posts
     gens = one_backend(generations(twins, before))
     expected = "/v1/messages" if mode == "passthrough" else "/v1/chat/completions"
     assert all(g["path"] == expected for g in gens), gens
