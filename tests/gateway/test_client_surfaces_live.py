@@ -22,6 +22,7 @@ from gateway.config import hash_key
 from tests.harness import run_gateway
 from tests.test_telemetry import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, OtlpReceiver
 
+pytestmark = pytest.mark.slow  # real processes: a gateway and twins per mode
 KEY, TIGHT_KEY, ADMIN = "k-default", "k-tight", "adm1n"
 TOOLS = [{"type": "function", "name": "read_file", "description": "Read a file of the project.",
           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
