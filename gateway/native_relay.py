@@ -20,6 +20,8 @@ from starlette.types import Message, Send
 
 from gateway.proxy import Result, StreamWatch, relay_stream, send_bytes
 from gateway.surface import Relay, RelayContext
+from gateway.translate.common import read_upstream_error, sse_event
+from gateway.translate.messages import error_envelope
 
 Reshape = Callable[[int, bytes], tuple[int, bytes]]
 
@@ -129,11 +131,28 @@ class NativeRelay(Relay):
 
     async def stream(self, response: httpx.Response, send: Send, ctx: RelayContext) -> None:
         watch = NativeWatch(ctx.result, ctx.first_token, self.kind)
-        await relay_stream(response, send, watch, ctx.keepalive_s, ctx.headers)
+
+        async def reshaped(message: Message) -> None:
+            # relay_stream ends a broken upstream with chat's error event: give it this surface's shape
+            body = message.get("body", b"")
+            if ctx.result.stream_error in ("timeout", "stream_broken") and body.startswith(b'data: {"error"'):
+                message = {**message, "body": self._broken(body)}
+            await send(message)
+
+        await relay_stream(response, reshaped, watch, ctx.keepalive_s, ctx.headers)
         if not watch.finished and ctx.result.stream_error is None:
             ctx.result.stream_error = "stream_broken"
         if self.done is not None:
             await self.done(watch.final, watch.finished)
+
+    def _broken(self, event: bytes) -> bytes:
+        payload = _payload(event.split(b"\n\n", 1)[0] + b"\n\n")
+        err = read_upstream_error(502, payload if isinstance(payload, dict) else None)
+        status = 504 if err.code == "upstream_timeout" else 502
+        if self.kind == "messages":
+            return sse_event("error", error_envelope(status, err.message, err.code))
+        return sse_event("error", {"type": "error", "code": err.code, "message": err.message, "param": None,
+                                   "sequence_number": 0})
 
     async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
                     ctx: RelayContext) -> None:
