@@ -78,6 +78,8 @@ class MessagesSurface(Surface):
         if backend.mode(self.name, ROUTE) == "passthrough":
             body = ms.strip_billing_header(dict(run.body))
             body["model"] = target.upstream_model
+            if target.rank is not None:  # SGLang's AnthropicMessagesRequest has the PD/DP routing fields
+                body["routed_dp_rank"] = target.rank
             headers = {k: req.headers[k] for k in FORWARDED if k in req.headers}
             return UpstreamCall(ROUTE, orjson.dumps(body), NativeRelay("messages", ms.reshape_upstream_error),
                                 headers)
