@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+SurfaceName = Literal["responses", "messages"]
+SurfaceMode = Literal["passthrough", "translate", "auto"]
+"""How a backend answers a client surface other than chat: ``passthrough`` (post the client's API to
+the backend's own route), ``translate`` (post ``/v1/chat/completions`` and translate back), ``auto``
+(passthrough when the backend's ``/openapi.json`` lists the route, else translate)."""
 
 
 class BackendConfig(_Strict):
@@ -27,6 +34,8 @@ class BackendConfig(_Strict):
     """Key sent upstream as ``Authorization: Bearer`` (SGLang ``--api-key``); client keys never are."""
     api_key_env: str | None = None
     """Name of an environment variable holding the upstream key (preferred over ``api_key``)."""
+    surfaces: dict[SurfaceName, SurfaceMode] = Field(default_factory=dict)
+    """Per surface, overrides the model's ``surfaces`` (e.g. ``{responses: passthrough}``)."""
 
     @field_validator("url")
     @classmethod
@@ -51,6 +60,8 @@ class ModelConfig(_Strict):
     upstream_model: str | None = None
     """The served model name upstream; defaults to the alias."""
     backends: list[BackendConfig] = Field(default_factory=list)
+    surfaces: dict[SurfaceName, SurfaceMode] = Field(default_factory=dict)
+    """Per surface, the mode of this model's backends (default ``translate``: ``docs/clients.md``)."""
 
 
 class HealthConfig(_Strict):

@@ -24,6 +24,8 @@ from policies.breaker import STATE_CODE, Breaker
 from policies.types import BackendView
 
 log = logging.getLogger("cachegate.pool")
+DEFAULT_MODE = "translate"
+"""Responses and Messages are translated to chat unless configured otherwise (``docs/clients.md``)."""
 
 
 @dataclass(slots=True)
@@ -44,6 +46,12 @@ class Backend:
     loads_at: float = 0.0
     served_models: list[str] = field(default_factory=list)
     info_fetched: bool = False
+    max_model_len: int = 0
+    """The context window the engine serves (``/get_model_info`` or ``/get_server_info``; 0: unknown)."""
+    routes: frozenset[str] | None = None
+    """The paths the backend's ``/openapi.json`` lists (None: not read yet, or not served)."""
+    model_surfaces: dict[str, str] = field(default_factory=dict)
+    """The model's ``surfaces`` modes (a backend's own ``surfaces`` override them)."""
 
     @property
     def name(self) -> str:
@@ -69,6 +77,13 @@ class Backend:
         key = self.config.upstream_key()
         return {"authorization": f"Bearer {key}"} if key else {}
 
+    def mode(self, surface: str, route: str) -> str:
+        """``passthrough`` or ``translate`` for a client surface (config, else what the backend serves)."""
+        mode = self.config.surfaces.get(surface) or self.model_surfaces.get(surface) or DEFAULT_MODE  # type: ignore[call-overload]
+        if mode == "auto":
+            return "passthrough" if self.routes is not None and route in self.routes else "translate"
+        return str(mode)
+
     def view(self) -> BackendView:
         return BackendView(self.name, self.healthy, self.max_total_num_tokens, self.dp_size,
                            self.running, self.waiting, self.token_usage)
@@ -82,7 +97,9 @@ class BackendPool:
         self.config = config
         self.client = client
         self.models: dict[str, list[Backend]] = {
-            alias: [Backend(alias, b, config.upstream_model(alias)) for b in model.backends]
+            alias: [Backend(alias, b, config.upstream_model(alias),
+                            model_surfaces={str(k): str(v) for k, v in model.surfaces.items()})
+                    for b in model.backends]
             for alias, model in config.models.items()
         }
         self._listeners: list[Listener] = []
@@ -159,9 +176,11 @@ class BackendPool:
             if backend.reported_dp_size and backend.dp_size not in (1, backend.reported_dp_size):
                 log.warning("backend %s: configured dp_size=%d but the server reports dp_size=%d",
                             backend.name, backend.dp_size, backend.reported_dp_size)
+            backend.max_model_len = int(info.get("max_model_len") or info.get("context_length") or 0)
             backend.info_fetched = True
         except (httpx.HTTPError, ValueError, TypeError) as exc:
             log.warning("backend %s: could not read /get_server_info: %s", backend.name, exc)
+        await self._fetch_features(backend)
         if check_models:
             try:
                 data = (await self._get(backend, "/v1/models")).json()
@@ -172,6 +191,22 @@ class BackendPool:
                                 backend.name, backend.served_models, backend.upstream_model, backend.model)
             except (httpx.HTTPError, ValueError, AttributeError) as exc:
                 log.warning("backend %s: could not read /v1/models: %s", backend.name, exc)
+
+    async def _fetch_features(self, backend: Backend) -> None:
+        """The context window (``/get_model_info``) and the routes served (``/openapi.json``)."""
+        try:
+            response = await self._get(backend, "/get_model_info")
+            if response.status_code == 200:
+                length = int(response.json().get("max_model_len") or 0)
+                backend.max_model_len = length or backend.max_model_len
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError):
+            pass
+        try:
+            response = await self._get(backend, "/openapi.json")
+            paths = response.json().get("paths") if response.status_code == 200 else None
+            backend.routes = frozenset(paths) if isinstance(paths, dict) else frozenset()
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError):
+            backend.routes = frozenset()
 
     async def _poll_load(self, backend: Backend) -> None:
         try:

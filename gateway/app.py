@@ -1,6 +1,6 @@
 """The Starlette application: which route goes where, start-up and shut-down. Nothing else.
 
-The client surfaces (``SURFACES``) all run the one request path (``gateway/lifecycle.py``); the
+The client surfaces (``default_surfaces``) all run the one request path (``gateway/lifecycle.py``); the
 admin API is ``gateway/admin.py``; a worker's parts are ``gateway/worker.py``.
 """
 
@@ -10,7 +10,6 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,33 +20,39 @@ from starlette.routing import Route
 
 from gateway import admin
 from gateway.access import AccessLog, configure_access_log
+from gateway.client_routes import routes as client_routes
 from gateway.config import Config
 from gateway.errors import GatewayError, error_response
 from gateway.lifecycle import RequestPath
+from gateway.messages_surface import MessagesSurface
 from gateway.metrics import Metrics
 from gateway.openai_surface import CHAT, COMPLETIONS
+from gateway.responses_surface import ResponsesSurface
 from gateway.surface import Surface
 from gateway.worker import Gateway
 
 log = logging.getLogger("cachegate")
 
-SURFACES: tuple[Surface, ...] = (CHAT, COMPLETIONS)
-"""Every client surface on the request path (``gateway/surface.py`` says how to add one)."""
+def default_surfaces() -> tuple[Surface, ...]:
+    """Every client surface on the request path (``gateway/surface.py`` says how to add one); new
+    instances per app, since the Responses surface holds a worker's store and running streams."""
+    return (CHAT, COMPLETIONS, ResponsesSurface(), MessagesSurface())
+
+
+ALSO_AT = {"/v1/messages": "/messages"}
+"""Second paths of a surface: Anthropic base URLs given with ``/v1`` make SDKs post ``/v1/messages``
+there, others (opencode) post ``/messages``."""
 
 
 def create_app(config: Config, metrics: Metrics | None = None, admin_token: str | None = None,
-               surfaces: Sequence[Surface] = SURFACES) -> Starlette:
+               surfaces: Sequence[Surface] | None = None) -> Starlette:
     """The app for one worker; ``surfaces`` are the client APIs on the request path."""
     gw = Gateway(config, metrics, admin_token)
-
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card(a, gw.started_at) for a in config.models]})
-
-    async def model(request: Request) -> Response:
-        name = request.path_params["model"]
-        if name not in config.models:
-            raise GatewayError(404, f"The model '{name}' does not exist.", "model_not_found", "model")
-        return JSONResponse(_model_card(name, gw.started_at))
+    surfaces = default_surfaces() if surfaces is None else tuple(surfaces)
+    if not any(isinstance(s, ResponsesSurface) for s in surfaces):
+        surfaces = (*surfaces, ResponsesSurface())  # GET/cancel need a store even when not posted to
+    for surface in surfaces:
+        surface.bind(gw)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -89,11 +94,13 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
             yield
         finally:
             await gw.stop()
+            for surface in surfaces:
+                await surface.close()
 
     routes = [
         *(Route(s.path, RequestPath(gw, s), methods=["POST"]) for s in surfaces),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        *(Route(ALSO_AT[s.path], RequestPath(gw, s), methods=["POST"]) for s in surfaces if s.path in ALSO_AT),
+        *client_routes(gw),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
@@ -106,10 +113,6 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
                                         Exception: on_crash})
     app.state.gateway = gw
     return app
-
-
-def _model_card(alias: str, created: int) -> dict[str, Any]:
-    return {"id": alias, "object": "model", "created": created, "owned_by": "cachegate"}
 
 
 def app_from_env() -> Starlette:

@@ -5,6 +5,7 @@ Precedence, highest first: command-line flags, ``CACHEGATE_*`` environment varia
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 from pathlib import Path
 from typing import Any, Literal
@@ -98,6 +99,13 @@ class Config(_Strict):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     workers: int = Field(1, ge=1)
     log_level: str = "info"
+    aliases: dict[str, str] = Field(default_factory=dict)
+    """Client model names or glob patterns (``claude-*``, ``gpt-*``) → a model of ``models``; exact
+    names first, then patterns in the order given (``docs/clients.md`` lists each client's names)."""
+    queue_open_after_s: float = Field(10.0, ge=0)
+    """A streamed request still waiting in the queue after this long gets its 200 headers and
+    keep-alives (SSE comments, or ``ping`` events on /v1/messages), so client idle timeouts hold;
+    a refusal after that is one in-stream error event (0: never open early)."""
     access_log: Literal["text", "json", "off"] = "text"
     """One line per HTTP request on the logger ``cachegate.access``: key=value text, bare JSON, or none."""
 
@@ -118,7 +126,21 @@ class Config(_Strict):
         for alias, model in self.models.items():
             if model.upstream_model is None:
                 model.upstream_model = alias
+        for name, target in self.aliases.items():
+            if target not in self.models:
+                raise ValueError(f"alias {name!r} names model {target!r}, which is not in 'models'")
         return self
+
+    def resolve_model(self, name: str) -> str | None:
+        """The model alias a client's model name means (itself, an alias, or a pattern), or None."""
+        if name in self.models:
+            return name
+        if name in self.aliases:
+            return self.aliases[name]
+        for pattern, target in self.aliases.items():
+            if any(c in pattern for c in "*?[") and fnmatch.fnmatchcase(name, pattern):
+                return target
+        return None
 
     def upstream_model(self, alias: str) -> str:
         return self.models[alias].upstream_model or alias

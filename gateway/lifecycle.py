@@ -25,6 +25,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.access import AccessRecord, access_record
 from gateway.dispatch import Refused
 from gateway.errors import GatewayError
+from gateway.held import HeldOpen
 from gateway.proxy import Result, send_bytes
 from gateway.surface import ClientRequest, Surface
 from gateway.telemetry import bind, current_trace
@@ -90,8 +91,11 @@ class RequestPath:
                 return
             req = self.surface.parse(raw)
             trace.request(rid, team, req)
-            if req.model not in gw.config.models:
+            alias = gw.config.resolve_model(req.model)
+            if alias is None:
                 raise GatewayError(404, f"The model '{req.model}' does not exist.", "model_not_found", "model")
+            req.model, req.team, req.headers = alias, team, headers
+            await self.surface.prepare(req)
         except GatewayError as err:
             gw.metrics.requests.labels(team, "", "", str(err.status)).inc()
             trace.failed(err.status, err.code)
@@ -145,6 +149,10 @@ class RequestPath:
         trace.facts(facts.prompt_tokens)
         m.queued.labels(team).inc()
         trace.admission_started()
+        held = HeldOpen(send, self.surface, rid, gw.config.queue_open_after_s if req.stream else 0.0,
+                        gw.config.upstream.sse_keepalive_s)
+        held.start()
+        send = held.send
         try:
             decision = await gw.dispatcher.admit(facts)
         except Refused as refused:
@@ -159,6 +167,7 @@ class RequestPath:
             )
             return
         finally:
+            await held.stop()
             m.queued.labels(team).dec()
             waited = time.monotonic() - arrived
             record.queue_wait_s = waited

@@ -26,7 +26,7 @@ routing, upstream attempts and retries, release, metrics, traces, access log):
    gives ``translate_event``, ``finish_stream``, ``translate_whole``).
 
 To add a surface: subclass ``Surface`` (``name``, ``path``, the three methods), give it a ``Relay``
-if its answers are not relayed byte for byte, and list it in ``gateway/app.py``'s ``SURFACES``.
+if its answers are not relayed byte for byte, and list it in ``gateway/app.py``'s ``default_surfaces``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from starlette.types import Message, Send
 from backends.config import BackendConfig
 from gateway.errors import GatewayError, error_body
 from gateway.proxy import Result, StreamWatch, read_usage, relay_stream, send_bytes
+from gateway.translate.responses import reshape_upstream_error
 
 Headers = list[tuple[bytes, bytes]]
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
@@ -65,6 +66,10 @@ class ClientRequest:
     """The surface's own parse result, for its ``upstream``."""
     prompt_bytes: int = 0
     """Bytes of the rendered prompt (set by the path; feeds the learned tokens-per-byte ratio)."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """The client's request headers (set by the path: e.g. ``anthropic-version`` to forward)."""
+    team: str = ""
+    """The caller's team (set by the path before ``Surface.prepare``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,9 @@ class PassthroughRelay(Relay):
             if ctx.result.completion_tokens:
                 ctx.result.first_token_at = time.monotonic()
                 ctx.first_token()
+        elif status >= 400:  # SGLang's flat {"object": "error", ...} → OpenAI's envelope, status kept
+            status, payload = reshape_upstream_error(status, payload)
+            content_type = b"application/json"
         await send_bytes(send, status, payload, content_type, ctx.headers)
 
 
@@ -229,3 +237,26 @@ class Surface(ABC):
     def error(self, err: GatewayError) -> ErrorReply:
         """``err`` in this surface's envelope (default: OpenAI's)."""
         return openai_error(err)
+
+    def bind(self, gateway: Any) -> None:
+        """Called once by ``create_app`` with the worker's ``Gateway`` (a surface that needs the
+        response store, the pool or the token estimator keeps it)."""
+        return None
+
+    async def close(self) -> None:
+        """Called once when the worker stops (close what ``bind`` opened)."""
+        return None
+
+    async def prepare(self, req: ClientRequest) -> None:
+        """Async work after ``parse`` and before admission (e.g. resolve ``previous_response_id``);
+        may raise ``GatewayError``. ``req.team`` and ``req.headers`` are set."""
+        return None
+
+    def waiting(self) -> bytes:
+        """What a streamed request's opened response gets while it still waits in the queue."""
+        return b": keepalive\n\n"
+
+    def stream_error(self, status: int, body: bytes) -> bytes:
+        """An error answer (``status``, its body in this surface's envelope) as the last event of a
+        stream whose 200 headers already went out (default: chat's ``data: {"error": …}`` + [DONE])."""
+        return b"data: " + body + b"\n\ndata: [DONE]\n\n"

@@ -60,7 +60,7 @@ log = logging.getLogger("cachegate")
 PROVIDER = "sglang"
 """``gen_ai.provider.name`` (and the older ``gen_ai.system``): the engine behind the gateway."""
 
-OPERATIONS = {"chat": "chat", "completion": "text_completion"}
+OPERATIONS = {"chat": "chat", "completion": "text_completion", "responses": "responses", "messages": "messages"}
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 

@@ -54,6 +54,8 @@ class Gateway:
         self.pool: BackendPool | None = None
         self._upstream: Upstream | None = None
         self.started_at = int(time.time())
+        self.responses: Any = None
+        """The Responses surface (``gateway/responses_surface.py``): its store and running streams."""
 
     @property
     def upstream(self) -> Upstream:

@@ -102,3 +102,33 @@ def test_workers_without_redis_refuse_to_start() -> None:
                            "--model", "m"], cwd=ROOT, capture_output=True, text=True, timeout=30,
                           env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode != 0 and "needs Redis" in proc.stderr
+
+
+def test_aliases_exact_then_patterns_and_targets_checked() -> None:
+    from gateway.config import Config
+
+    cfg = Config.model_validate({"models": {"kimi": {}, "small": {}},
+                                 "aliases": {"claude-haiku-4-5": "small", "claude-*": "kimi", "gpt-?": "kimi"}})
+    assert cfg.resolve_model("kimi") == "kimi"
+    assert cfg.resolve_model("claude-haiku-4-5") == "small"  # the exact name wins over the pattern
+    assert cfg.resolve_model("claude-sonnet-4-6") == "kimi"
+    assert cfg.resolve_model("gpt-5") == "kimi" and cfg.resolve_model("gpt-55") is None
+    assert cfg.resolve_model("llama") is None
+    with pytest.raises(ValueError, match="alias 'x' names model 'nope'"):
+        Config.model_validate({"models": {"kimi": {}}, "aliases": {"x": "nope"}})
+
+
+def test_surface_mode_per_backend() -> None:
+    from backends.config import BackendConfig
+    from backends.pool import Backend
+
+    plain = Backend("kimi", BackendConfig(url="http://a:1"), "kimi")
+    assert plain.mode("responses", "/v1/responses") == "translate"  # the default
+    auto = Backend("kimi", BackendConfig(url="http://a:1"), "kimi", model_surfaces={"responses": "auto"})
+    assert auto.mode("responses", "/v1/responses") == "translate"  # /openapi.json not read yet
+    auto.routes = frozenset({"/v1/chat/completions", "/v1/responses"})
+    assert auto.mode("responses", "/v1/responses") == "passthrough"
+    assert auto.mode("messages", "/v1/messages") == "translate"
+    own = Backend("kimi", BackendConfig(url="http://a:1", surfaces={"responses": "translate"}), "kimi",
+                  model_surfaces={"responses": "passthrough"})
+    assert own.mode("responses", "/v1/responses") == "translate"  # the backend's own setting wins

@@ -213,15 +213,16 @@ def test_models_lists_aliases(gateway: str, client: openai.OpenAI) -> None:
     assert info.value.code == "model_not_found"
 
 
-def test_upstream_error_passes_through(gateway: str, upstream: FakeUpstream) -> None:
+def test_upstream_error_is_reshaped_with_its_status(gateway: str, upstream: FakeUpstream) -> None:
     upstream.error_status = 400
     try:
         response = _post(gateway, {"model": "kimi", "messages": GOOD, "stream": True})
     finally:
         upstream.error_status = None
     assert response.status_code == 400
-    assert response.json() == {"object": "error", "message": "scripted failure", "type": "BadRequestError",
-                               "param": None, "code": 400}
+    # SGLang's flat {"object": "error", ...} becomes the OpenAI envelope the README promises
+    assert response.json() == {"error": {"message": "scripted failure", "type": "invalid_request_error",
+                                         "param": None, "code": None}}
     assert httpx.get(gateway + "/readyz").status_code == 200, "a 4xx never takes a backend out"
 
 

@@ -78,6 +78,6 @@ async def test_an_upstream_error_passes_through_and_the_seat_is_given_back(upstr
             response = await client.post(CHAT, json={"model": "kimi", "messages": HI})
         finally:
             upstream.error_status = None
-        assert response.status_code == 400 and response.json()["message"] == "scripted failure"
+        assert response.status_code == 400 and response.json()["error"]["message"] == "scripted failure"
         core = app.state.gateway.core
         assert core.running == {} and all(s.busy == 0 for s in core.seats.values())

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.app import SURFACES
+from gateway.app import default_surfaces
 from gateway.config import hash_key
 from gateway.errors import GatewayError
 from gateway.surface import ClientRequest, ErrorReply, Surface, Target, TranslatingRelay, UpstreamCall
@@ -115,7 +115,7 @@ def _config(url: str) -> Any:
 
 
 def _app(url: str, surface: ShoutSurface | None = None) -> Any:
-    return running(_config(url), surfaces=[*SURFACES, surface or ShoutSurface()])
+    return running(_config(url), surfaces=[*default_surfaces(), surface or ShoutSurface()])
 
 
 async def test_a_translated_stream_reports_first_token_and_usage(upstream: FakeUpstream) -> None:
@@ -172,5 +172,6 @@ async def test_every_error_comes_in_the_surfaces_envelope(
 
 
 async def test_chat_and_completions_are_surfaces_too() -> None:
-    assert {s.path for s in SURFACES} == {"/v1/chat/completions", "/v1/completions"}
-    assert all(isinstance(s, Surface) for s in SURFACES)
+    surfaces = default_surfaces()
+    assert {s.path for s in surfaces} == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
+    assert all(isinstance(s, Surface) for s in surfaces)
