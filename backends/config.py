@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -68,5 +68,10 @@ class PoolConfig(Protocol):
 
     @property
     def health(self) -> HealthConfig: ...
+
+    @property
+    def breaker(self) -> Mapping[str, Any]:
+        """Keyword parameters of every backend's ``policies/breaker.py::Breaker``."""
+        ...
 
     def upstream_model(self, alias: str) -> str: ...

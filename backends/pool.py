@@ -82,7 +82,8 @@ class BackendPool:
         self.config = config
         self.client = client
         self.models: dict[str, list[Backend]] = {
-            alias: [Backend(alias, b, config.upstream_model(alias)) for b in model.backends]
+            alias: [Backend(alias, b, config.upstream_model(alias), breaker=Breaker(**config.breaker))
+                    for b in model.backends]
             for alias, model in config.models.items()
         }
         self._listeners: list[Listener] = []

@@ -18,6 +18,11 @@ from backends.config import BackendConfig as BackendConfig
 from backends.config import HealthConfig as HealthConfig
 from backends.config import ModelConfig as ModelConfig
 from backends.config import _Strict
+from gateway.params import check_section, section_model
+from policies.admission import SeatParams
+from policies.breaker import Breaker
+from policies.routers.min_ttft import MinTTFT
+from policies.teams import TeamLimits
 
 
 class ListenConfig(_Strict):
@@ -25,13 +30,22 @@ class ListenConfig(_Strict):
     port: int = Field(8080, ge=0, le=65535)
 
 
+_TEAM = TeamLimits()
+
+
 class TeamConfig(_Strict):
-    max_concurrency: int = Field(8, ge=0)
-    max_queue: int = Field(32, ge=0)
-    queue_timeout_s: float = Field(60.0, gt=0)
-    weight: float = Field(1.0, gt=0)
-    priority: int = 0
-    tokens_per_minute: int | None = Field(None, ge=0)
+    """A team's limits as a config file gives them: the fields, defaults and meanings of
+    ``policies/teams.py::TeamLimits`` (a test keeps the two equal), with the bounds a file must respect."""
+
+    max_concurrency: int = Field(_TEAM.max_concurrency, ge=0)
+    max_queue: int = Field(_TEAM.max_queue, ge=0)
+    queue_timeout_s: float = Field(_TEAM.queue_timeout_s, gt=0)
+    weight: float = Field(_TEAM.weight, gt=0)
+    priority: int = _TEAM.priority
+    tokens_per_minute: int | None = Field(_TEAM.tokens_per_minute, ge=0)
+
+    def limits(self) -> TeamLimits:
+        return TeamLimits(**self.model_dump())
 
 
 class KeyConfig(_Strict):
@@ -68,26 +82,35 @@ class UpstreamConfig(_Strict):
     """Send an SSE comment after this much upstream silence (0: never), so ingress idle timeouts hold."""
 
 
-class AdmissionConfig(_Strict):
-    """Seat parameters of the ``gateway`` stack (policies/admission.py documents each)."""
-
-    admit_water: float | None = Field(None, gt=0, le=1)
-    high_water: float | None = Field(None, gt=0, le=1)
-    quantum_s: float | None = Field(None, gt=0)
-    rotate_on: Literal["waiter", "seat"] | None = None
-    min_hold_s: float | None = Field(None, ge=0)
-    idle_release_s: float | None = Field(None, gt=0)
-    default_output: int | None = Field(None, ge=1)
-    output_clip: int | None = Field(None, ge=1)
+# Policy parameters: each section's fields are the policy's own (names, types, defaults: see
+# gateway/params.py); only their bounds are here. Unset entries keep the policy's default.
+AdmissionSection = section_model(SeatParams, "AdmissionSection", {
+    "admit_water": {"gt": 0, "le": 1}, "high_water": {"gt": 0, "le": 1}, "quantum_s": {"gt": 0},
+    "min_hold_s": {"ge": 0}, "idle_release_s": {"gt": 0}, "default_output": {"ge": 1}, "output_clip": {"ge": 1},
+    "rotate_on": {"pattern": "^(waiter|seat)$"}})
+"""``admission:``: ``policies/admission.py::SeatParams`` (the ``gateway`` stack's seats)."""
+RouterSection = section_model(MinTTFT, "RouterSection", {
+    "tie_rel": {"ge": 0}, "tie_abs_s": {"ge": 0}, "gate_ratio": {"ge": 1}, "gate_slack": {"ge": 0},
+    "load_factor": {"ge": 1}, "learn_alpha": {"gt": 0, "le": 1}, "default_capacity": {"ge": 1}})
+"""``router:``: keyword parameters of ``policies/routers/min_ttft.py::MinTTFT`` (the ``gateway`` stack's router)."""
+BreakerSection = section_model(Breaker, "BreakerSection", {
+    "consecutive_failures": {"ge": 1}, "error_rate": {"gt": 0, "le": 1}, "window": {"ge": 1},
+    "min_samples": {"ge": 1}, "open_s": {"gt": 0}, "max_open_s": {"gt": 0}})
+"""``breaker:``: keyword parameters of ``policies/breaker.py::Breaker`` (one per backend)."""
 
 
 class Config(_Strict):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     redis_url: str | None = None
     lease_ttl_s: float = Field(10.0, gt=0)
-    """A team slot held by a replica that died comes back within this time."""
+    """A team lease held by a replica that died comes back within this time."""
     policy: str = "gateway"
-    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    admission: dict[str, Any] = Field(default_factory=dict)
+    """Seat parameters (``AdmissionSection``); used by stacks with seats."""
+    router: dict[str, Any] = Field(default_factory=dict)
+    """Router parameters (``RouterSection``); used by stacks whose router is ``min-ttft``."""
+    breaker: dict[str, Any] = Field(default_factory=dict)
+    """Circuit-breaker parameters (``BreakerSection``), the same for every backend."""
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     teams: dict[str, TeamConfig] = Field(default_factory=dict)
     keys: list[KeyConfig] = Field(default_factory=list)
@@ -100,6 +123,21 @@ class Config(_Strict):
     log_level: str = "info"
     access_log: Literal["text", "json", "off"] = "text"
     """One line per HTTP request on the logger ``cachegate.access``: key=value text, bare JSON, or none."""
+
+    @field_validator("admission")
+    @classmethod
+    def _admission(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_section(AdmissionSection, v)
+
+    @field_validator("router")
+    @classmethod
+    def _router(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_section(RouterSection, v)
+
+    @field_validator("breaker")
+    @classmethod
+    def _breaker(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_section(BreakerSection, v)
 
     @field_validator("policy")
     @classmethod

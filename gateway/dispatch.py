@@ -72,7 +72,7 @@ class Dispatcher:
                 raise Refused(decision)
             if not self._leases or await self._lease(facts):
                 return decision
-            # Another replica holds the team's slots: wait again, woken by a release anywhere.
+            # Another replica holds the team's leases: wait again, woken by a release anywhere.
             future = asyncio.get_running_loop().create_future()
             self._waiting[facts.rid] = future
             self._apply(self.core.requeue(facts.rid, self.clock()))

@@ -8,8 +8,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from itertools import pairwise
 
-from policies.routers.base import Slot
-from policies.types import Fingerprint
+from policies.types import Fingerprint, Slot
 
 
 @dataclass(frozen=True, slots=True)
