@@ -6,12 +6,19 @@ Precedence, highest first: command-line flags, ``CACHEGATE_*`` environment varia
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 # The pool's part of the configuration lives with the pool (backends/ sits below gateway/).
 from backends.config import BackendConfig as BackendConfig
@@ -162,19 +169,36 @@ class Config(_Strict):
         return self.models[alias].upstream_model or alias
 
 
-class EnvSettings(BaseSettings):
-    """The ``CACHEGATE_*`` environment variables."""
+class _ListenEnv(PydanticBaseSettingsSource):
+    """``CACHEGATE_HOST`` / ``CACHEGATE_PORT``: the short names of ``listen.host`` / ``listen.port``."""
 
-    model_config = SettingsConfigDict(env_prefix="CACHEGATE_", extra="ignore")
-    config: str | None = None
-    redis_url: str | None = None
-    host: str | None = None
-    port: int | None = None
-    workers: int | None = None
-    log_level: str | None = None
-    policy: str | None = None
-    admin_token: str | None = None
-    access_log: str | None = None
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ answers for the whole section
+
+    def __call__(self) -> dict[str, Any]:
+        listen = {key: os.environ[f"CACHEGATE_{key.upper()}"] for key in ("host", "port")
+                  if f"CACHEGATE_{key.upper()}" in os.environ}
+        return {"listen": listen} if listen else {}
+
+
+class _Sourced(BaseSettings, Config):
+    """``Config`` read from its sources by pydantic-settings, highest first: the flags (init
+    arguments), ``CACHEGATE_HOST`` / ``CACHEGATE_PORT``, ``CACHEGATE_<FIELD>`` (e.g.
+    ``CACHEGATE_REDIS_URL``, ``CACHEGATE_WORKERS``; nested with ``__``: ``CACHEGATE_LISTEN__PORT``),
+    then the YAML file. Nested sections merge field by field."""
+
+    model_config = SettingsConfigDict(env_prefix="CACHEGATE_", env_nested_delimiter="__", extra="forbid")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _ListenEnv(settings_cls), env_settings]
+        if settings_cls.model_config.get("yaml_file"):
+            sources.append(YamlConfigSettingsSource(settings_cls))
+        return tuple(sources)
 
 
 def hash_key(key: str) -> str:
@@ -200,33 +224,18 @@ def load_config(
     ``backends`` + ``model`` (``--backend URL``, ``--model ALIAS``) add a model whose upstream
     served name is the alias itself; ``api_keys`` items are ``KEY`` (team default) or ``KEY=TEAM``.
     """
-    env = EnvSettings()
-    path = path or env.config
-    data: dict[str, Any] = {}
+    path = path or os.environ.get("CACHEGATE_CONFIG") or None
     if path:
-        text = Path(path).read_text()
-        loaded = yaml.safe_load(text)
+        loaded = yaml.safe_load(Path(path).read_text())
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{path}: the top level must be a mapping")
-        data = loaded or {}
-    for key, value in (("redis_url", env.redis_url), ("workers", env.workers),
-                       ("log_level", env.log_level), ("policy", env.policy), ("access_log", env.access_log)):
-        if value is not None:
-            data[key] = value
-    listen = dict(data.get("listen") or {})
-    if env.host is not None:
-        listen["host"] = env.host
-    if env.port is not None:
-        listen["port"] = env.port
-    if host is not None:
-        listen["host"] = host
-    if port is not None:
-        listen["port"] = port
-    data["listen"] = listen
-    for key, value in (("redis_url", redis_url), ("workers", workers), ("policy", policy),
-                       ("log_level", log_level), ("access_log", access_log)):
-        if value is not None:
-            data[key] = value
+    flags: dict[str, Any] = {k: v for k, v in (("redis_url", redis_url), ("workers", workers), ("policy", policy),
+                                               ("log_level", log_level), ("access_log", access_log)) if v is not None}
+    listen = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    if listen:
+        flags["listen"] = listen
+    sourced = type("_FromFile", (_Sourced,), {"model_config": {**_Sourced.model_config, "yaml_file": path}})
+    data = sourced(**flags).model_dump(exclude_unset=False)
     if backends:
         if not model:
             raise ValueError("--backend needs --model ALIAS (the model name clients use)")

@@ -54,3 +54,15 @@ def test_router_and_breaker_parameters_reach_the_policies() -> None:
 def test_a_bad_policy_parameter_is_refused_with_its_name(section: str, value: dict, field: str) -> None:
     with pytest.raises(ValueError, match=rf"{section}\n.*\b{field}: "):
         Config.model_validate({section: value})
+
+
+def test_the_example_config_shows_the_policies_own_defaults() -> None:
+    from pathlib import Path
+
+    from gateway.config import load_config
+
+    example = load_config(Path(__file__).resolve().parents[2] / "deploy" / "cachegate.example.yaml")
+    for section, target in ((example.router, MinTTFT), (example.breaker, Breaker),
+                            (example.admission, SeatParams)):
+        defaults = {name: default for name, (_, default) in parameters(target).items()}
+        assert section and {k: defaults[k] for k in section} == section, target.__name__
