@@ -133,8 +133,12 @@ class Dispatcher:
                 self.on_decision(decision)
             future.set_result(decision)
 
+    def tick(self) -> None:
+        """The core's clock event, sent while anyone waits (``loadtest/sim_driver.py`` does the same)."""
+        if self._waiting:
+            self._apply(self.core.tick(self.clock()))
+
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(self.tick_s)
-            if self._waiting:
-                self._apply(self.core.tick(self.clock()))
+            self.tick()
