@@ -1,4 +1,5 @@
-"""Configuration: a YAML file (interfaces §6), environment variables, and quick-start flags.
+"""Configuration: a YAML file (``deploy/cachegate.example.yaml`` shows every section), environment
+variables, and quick-start flags.
 
 Precedence, highest first: command-line flags, ``CACHEGATE_*`` environment variables, the file.
 """

@@ -347,7 +347,8 @@ def default_engine_factory(cfg: SimConfig) -> EngineFactory:
 
 def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None,
             core: DecisionCore | None = None) -> dict:
-    """One simulated run -> one JSON row (issue 4's fields, plus ``kv_tokens`` and ``unbounded``)."""
+    """One simulated run -> one JSON row (``loadtest/metrics.py::summarize``'s fields, plus ``kv_tokens``,
+    ``unbounded``, ``oracle`` and, with faults, ``faults``)."""
     config = _load_config(cfg.config)
     core = core or build_core(cfg.policy, cfg.admission, cfg.routing, config)
     factory = engine_factory or default_engine_factory(cfg)
