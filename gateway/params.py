@@ -29,8 +29,11 @@ def parameters(target: Callable[..., object]) -> dict[str, tuple[Any, Any]]:
     if dataclasses.is_dataclass(target):
         pairs = [(f.name, f.default) for f in dataclasses.fields(target)]
     else:
-        pairs = [(p.name, p.default) for p in inspect.signature(init).parameters.values()
-                 if p.name != "self" and p.default is not inspect.Parameter.empty]
+        pairs = [
+            (p.name, p.default)
+            for p in inspect.signature(init).parameters.values()
+            if p.name != "self" and p.default is not inspect.Parameter.empty
+        ]
     for name, default in pairs:
         kind = hints.get(name)
         if kind in _SCALARS:
@@ -38,8 +41,9 @@ def parameters(target: Callable[..., object]) -> dict[str, tuple[Any, Any]]:
     return out
 
 
-def section_model(target: Callable[..., object], name: str,
-                  bounds: Mapping[str, Mapping[str, Any]] | None = None) -> type[BaseModel]:
+def section_model(
+    target: Callable[..., object], name: str, bounds: Mapping[str, Mapping[str, Any]] | None = None
+) -> type[BaseModel]:
     """A strict model of ``target``'s parameters, each optional (None: the policy's own default)."""
     fields: dict[str, Any] = {
         key: (kind | None, Field(None, description=f"default {default!r}", **dict((bounds or {}).get(key, {}))))

@@ -84,8 +84,20 @@ _NULL_UPSTREAM = UpstreamSpan(None)
 class RequestTrace:
     """The spans of one request. All methods are cheap no-ops when the span is not recorded."""
 
-    __slots__ = ("_admission", "_exemplar", "_failed", "_first_token", "_status", "attempt",
-                 "context", "operation", "record_content", "recording", "span", "tracer")
+    __slots__ = (
+        "_admission",
+        "_exemplar",
+        "_failed",
+        "_first_token",
+        "_status",
+        "attempt",
+        "context",
+        "operation",
+        "record_content",
+        "recording",
+        "span",
+        "tracer",
+    )
 
     def __init__(self, tracer: trace.Tracer | None, span: Span, operation: str, record_content: bool) -> None:
         self.tracer = tracer
@@ -113,12 +125,19 @@ class RequestTrace:
         if not self.recording:
             return
         body = req.body
-        attrs: dict[str, Any] = {"gen_ai.request.model": req.model, "gen_ai.request.stream": req.stream,
-                                 "cachegate.team": team, "cachegate.request_id": rid}
+        attrs: dict[str, Any] = {
+            "gen_ai.request.model": req.model,
+            "gen_ai.request.stream": req.stream,
+            "cachegate.team": team,
+            "cachegate.request_id": rid,
+        }
         if req.max_tokens is not None:
             attrs["gen_ai.request.max_tokens"] = req.max_tokens
-        for field, attr in (("temperature", "gen_ai.request.temperature"), ("top_p", "gen_ai.request.top_p"),
-                            ("seed", "gen_ai.request.seed")):
+        for field, attr in (
+            ("temperature", "gen_ai.request.temperature"),
+            ("top_p", "gen_ai.request.top_p"),
+            ("seed", "gen_ai.request.seed"),
+        ):
             value = body.get(field)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 attrs[attr] = value
@@ -169,8 +188,11 @@ class RequestTrace:
         self.attempt += 1
         if not self.recording or self.tracer is None:
             return
-        attrs: dict[str, Any] = {"cachegate.backend": decision.backend, "cachegate.route.reason": decision.reason,
-                                 "cachegate.route.attempt": self.attempt}
+        attrs: dict[str, Any] = {
+            "cachegate.backend": decision.backend,
+            "cachegate.route.reason": decision.reason,
+            "cachegate.route.attempt": self.attempt,
+        }
         if decision.rank is not None:
             attrs["cachegate.rank"] = decision.rank
         for key, value in decision.scores.items():
@@ -179,8 +201,9 @@ class RequestTrace:
         if matched is not None:
             attrs["cachegate.prefix.matched_tokens"] = int(matched)
         now = _now_ns()
-        self.tracer.start_span("cachegate.route", context=self.context, start_time=now,
-                               attributes=attrs).end(end_time=now)
+        self.tracer.start_span("cachegate.route", context=self.context, start_time=now, attributes=attrs).end(
+            end_time=now
+        )
         self.span.set_attributes({k: v for k, v in attrs.items() if not k.startswith("cachegate.route.score.")})
 
     # ---- the upstream hop -----------------------------------------------------------------
@@ -190,13 +213,17 @@ class RequestTrace:
             return _NULL_UPSTREAM
         host, _, rest = url.partition("://")[2].partition("/")
         address, _, port = host.rpartition(":") if ":" in host else (host, "", "")
-        attrs: dict[str, Any] = {"http.request.method": "POST", "url.full": url, "server.address": address,
-                                 "url.template": "/" + rest, "cachegate.backend": backend,
-                                 "cachegate.route.attempt": self.attempt}
+        attrs: dict[str, Any] = {
+            "http.request.method": "POST",
+            "url.full": url,
+            "server.address": address,
+            "url.template": "/" + rest,
+            "cachegate.backend": backend,
+            "cachegate.route.attempt": self.attempt,
+        }
         if port.isdigit():
             attrs["server.port"] = int(port)
-        span = self.tracer.start_span(f"POST /{rest}", context=self.context, kind=SpanKind.CLIENT,
-                                      attributes=attrs)
+        span = self.tracer.start_span(f"POST /{rest}", context=self.context, kind=SpanKind.CLIENT, attributes=attrs)
         PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
         return UpstreamSpan(span)
 
@@ -236,8 +263,7 @@ class RequestTrace:
         self.span.set_attributes(attrs)
         if (status >= 400 or result.stream_error) and not self._failed:
             kind = result.stream_error if result.stream_error in ("timeout", "stream_broken") else None
-            error = f"upstream_{kind}" if kind else ("upstream_stream_error" if result.stream_error
-                                                       else str(status))
+            error = f"upstream_{kind}" if kind else ("upstream_stream_error" if result.stream_error else str(status))
             self.span.set_attribute("error.type", error)
             self.span.set_status(Status(StatusCode.ERROR, error))
 

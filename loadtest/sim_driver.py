@@ -85,22 +85,41 @@ class LiveFacts:
     stay the workload's (a chained hash of the prefix, as the live fingerprint's are).
     """
 
-    def __init__(self, *, oracle: bool = False, max_tokens: int = 0,
-                 bytes_per_token: int = BYTES_PER_TOKEN, estimator: TokenEstimator | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        oracle: bool = False,
+        max_tokens: int = 0,
+        bytes_per_token: int = BYTES_PER_TOKEN,
+        estimator: TokenEstimator | None = None,
+    ) -> None:
         self.oracle = oracle
         self.max_tokens = max_tokens
         self.bytes_per_token = bytes_per_token
         self.estimator = estimator or TokenEstimator()
 
-    def facts(self, rid: str, model: str, team: str, blocks: Sequence[tuple[int, int]], output_tokens: int,
-              conversation: str | None) -> tuple[RequestFacts, int]:
+    def facts(
+        self,
+        rid: str,
+        model: str,
+        team: str,
+        blocks: Sequence[tuple[int, int]],
+        output_tokens: int,
+        conversation: str | None,
+    ) -> tuple[RequestFacts, int]:
         """The facts and the prompt's size in bytes (what ``observe`` learns the ratio from)."""
         if self.oracle:
             fp = from_blocks(blocks)
             prompt_bytes = total_tokens(fp) * self.bytes_per_token
-            return RequestFacts(rid=rid, model=model, team=team, prompt_tokens=total_tokens(fp),
-                                max_output_tokens=output_tokens, fingerprint=fp,
-                                conversation=conversation), prompt_bytes
+            return RequestFacts(
+                rid=rid,
+                model=model,
+                team=team,
+                prompt_tokens=total_tokens(fp),
+                max_output_tokens=output_tokens,
+                fingerprint=fp,
+                conversation=conversation,
+            ), prompt_bytes
         r = self.estimator.ratio
         bpt = self.bytes_per_token
         out: list[tuple[int, int]] = []
@@ -111,8 +130,14 @@ class LiveFacts:
             out.append((key, max(1, tokens - prev)))
             prev = tokens
         fp = tuple(out)
-        return RequestFacts(rid=rid, model=model, team=team, prompt_tokens=total_tokens(fp),
-                            max_output_tokens=self.max_tokens, fingerprint=fp), end
+        return RequestFacts(
+            rid=rid,
+            model=model,
+            team=team,
+            prompt_tokens=total_tokens(fp),
+            max_output_tokens=self.max_tokens,
+            fingerprint=fp,
+        ), end
 
     def observe(self, prompt_bytes: int, prompt_tokens: int) -> None:
         """A completed request's reported usage (as ``gateway/lifecycle.py`` feeds it)."""
@@ -137,17 +162,28 @@ class _PoolConfig:
 class SimPool:
     """``BackendPool`` over simulated engines, on the simulator's clock."""
 
-    def __init__(self, model: str, engines: Mapping[str, Any], clock: Callable[[], float],
-                 health: HealthConfig | None = None, breaker: Mapping[str, Any] | None = None,
-                 unhealthy: Iterable[tuple[str, float, float]] = ()) -> None:
+    def __init__(
+        self,
+        model: str,
+        engines: Mapping[str, Any],
+        clock: Callable[[], float],
+        health: HealthConfig | None = None,
+        breaker: Mapping[str, Any] | None = None,
+        unhealthy: Iterable[tuple[str, float, float]] = (),
+    ) -> None:
         self.model = model
         self.engines = engines
         self.clock = clock
-        configs = [BackendConfig(url=f"http://sim/{name}", name=name, dp_size=max(1, int(e.dp_size)))
-                   for name, e in engines.items()]
+        configs = [
+            BackendConfig(url=f"http://sim/{name}", name=name, dp_size=max(1, int(e.dp_size)))
+            for name, e in engines.items()
+        ]
         self.health = health or HealthConfig()
-        self.pool = BackendPool(_PoolConfig({model: ModelConfig(upstream_model=model, backends=configs)},
-                                            self.health, dict(breaker or {})), None, clock=clock)
+        self.pool = BackendPool(
+            _PoolConfig({model: ModelConfig(upstream_model=model, backends=configs)}, self.health, dict(breaker or {})),
+            None,
+            clock=clock,
+        )
         self.backends: dict[str, Backend] = {b.name: b for b in self.pool.models[model]}
         self.windows = list(unhealthy)
         unknown = {name for name, _, _ in self.windows} - set(engines)
@@ -205,9 +241,14 @@ class SimDriver:
     team woken a second later (a release somewhere else), as with Redis.
     """
 
-    def __init__(self, core: DecisionCore, on_decision: Callable[[Decision, float], None],
-                 schedule: Callable[[float, Callable[[float], None]], None] | None = None,
-                 lease_refusal_rate: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        core: DecisionCore,
+        on_decision: Callable[[Decision, float], None],
+        schedule: Callable[[float, Callable[[float], None]], None] | None = None,
+        lease_refusal_rate: float = 0.0,
+        seed: int = 0,
+    ) -> None:
         self.core = core
         self.on_decision = on_decision
         self.schedule = schedule
@@ -270,8 +311,11 @@ class SimDriver:
                 if isinstance(decision, Dispatch):  # its client already left
                     self._apply(self.core.finish(decision.rid, Outcome(ok=False, reached_backend=False), now), now)
                 continue
-            if (isinstance(decision, Dispatch) and self.lease_refusal_rate
-                    and self._rng.random() < self.lease_refusal_rate):
+            if (
+                isinstance(decision, Dispatch)
+                and self.lease_refusal_rate
+                and self._rng.random() < self.lease_refusal_rate
+            ):
                 self.requeues += 1
                 self._waiting[decision.rid] = facts
                 self._apply(self.core.requeue(decision.rid, now), now)

@@ -33,11 +33,22 @@ class LivePath:
         cfg = self.cfg
         self.now = 0.0
         self.facts = LiveFacts(oracle=cfg.oracle, max_tokens=cfg.max_tokens)
-        self.pool = SimPool(model, self.engines, lambda: self.now, getattr(settings, "health", None),
-                            getattr(settings, "breaker", None), cfg.faults.unhealthy)
+        self.pool = SimPool(
+            model,
+            self.engines,
+            lambda: self.now,
+            settings.health if settings is not None else None,
+            settings.breaker if settings is not None else None,
+            cfg.faults.unhealthy,
+        )
         self._decided: deque[Decision] = deque()
-        self.driver = SimDriver(self.core, lambda d, _now: self._decided.append(d),
-                                lambda t, fn: self._push(t, self._CALL, fn), cfg.faults.lease_refusal_rate, cfg.seed)
+        self.driver = SimDriver(
+            self.core,
+            lambda d, _now: self._decided.append(d),
+            lambda t, fn: self._push(t, self._CALL, fn),
+            cfg.faults.lease_refusal_rate,
+            cfg.seed,
+        )
         self.pool.pool.subscribe(lambda alias, views: self.driver.set_backends(alias, views, self.now))
         self._faults = random.Random(cfg.seed * 7919 + 1)
         for name, start, end in cfg.faults.unhealthy:
@@ -47,10 +58,12 @@ class LivePath:
     def fault_counts(self) -> dict[str, int]:
         """Requests in the measured window that a fault ended, and the dispatches requeued."""
         done = [r for r in self.records if self.warm <= r.arrival < self.end]
-        return {"cancelled": sum(r.error == "cancelled" for r in done),
-                "stream_broken": sum(r.error == "stream_broken" for r in done),
-                "connect_failed": sum(r.error == "connect" for r in done),
-                "requeues": self.driver.requeues}
+        return {
+            "cancelled": sum(r.error == "cancelled" for r in done),
+            "stream_broken": sum(r.error == "stream_broken" for r in done),
+            "connect_failed": sum(r.error == "connect" for r in done),
+            "requeues": self.driver.requeues,
+        }
 
     def _health(self, now: float) -> None:
         self.pool.check_health(now)
@@ -109,16 +122,23 @@ class LivePath:
     def _backend_back(self, name: str, now: float) -> None:
         self.engines[name].flush_cache()  # a restarted engine starts with an empty cache
 
+
 def _engine_request(rid: str, p: Any, rank: int | None) -> Any:
     from backends.sim.engine import EngineRequest
 
-    return EngineRequest(rid=rid, prompt=p.prompt, output_tokens=p.output_tokens,
-                         max_new_tokens=p.output_tokens, final_blocks=p.final_blocks, dp_rank=rank)
+    return EngineRequest(
+        rid=rid,
+        prompt=p.prompt,
+        output_tokens=p.output_tokens,
+        max_new_tokens=p.output_tokens,
+        final_blocks=p.final_blocks,
+        dp_rank=rank,
+    )
 
 
-
-def build_core(policy: str, admission: str | None = None, routing: str | None = None,
-               config: dict | None = None) -> DecisionCore:
+def build_core(
+    policy: str, admission: str | None = None, routing: str | None = None, config: dict | None = None
+) -> DecisionCore:
     """The decision core for ``--policy`` with optional ``--admission`` / ``--routing`` overrides.
 
     ``config`` (the ``--config`` file's content) is validated as ``serve`` validates its file
@@ -129,12 +149,17 @@ def build_core(policy: str, admission: str | None = None, routing: str | None = 
     from policies import registry
 
     settings = validate_config(config) if config is not None else None
-    core = registry.build(policy, routing=routing, admission=admission,
-                          router_params=settings.router if settings is not None else None)
+    core = registry.build(
+        policy, routing=routing, admission=admission, router_params=settings.router if settings is not None else None
+    )
     if settings is not None and config is not None:
         listed = set(config.get("teams") or ())
-        core.configure({"teams": {n: t.model_dump() for n, t in settings.teams.items() if n in listed},
-                        "admission": settings.admission})
+        core.configure(
+            {
+                "teams": {n: t.model_dump() for n, t in settings.teams.items() if n in listed},
+                "admission": settings.admission,
+            }
+        )
     return core
 
 
@@ -143,7 +168,6 @@ def validate_config(config: dict) -> Any:
     from gateway.config import Config
 
     return Config.model_validate(config)
-
 
 
 def _load_config(path: Path | None) -> dict | None:
@@ -155,5 +179,3 @@ def _load_config(path: Path | None) -> dict | None:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping (the shape of deploy/cachegate.example.yaml)")
     return data
-
-

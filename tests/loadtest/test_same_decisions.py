@@ -50,14 +50,20 @@ EVENTS: list[tuple[float, str, tuple[Any, ...]]] = [
     (80.0, "tick", ()),  # past the queue timeout of whoever still waits
     (81.0, "finish", ("r1", Outcome(ok=True, prompt_tokens=6000, completion_tokens=300))),
     (82.0, "tick", ()),
-    *[(85.0, "finish", (rid, Outcome(ok=True, prompt_tokens=6000, completion_tokens=300))) for rid in
-      ("r6", "r7", "r8", "r9")],
+    *[
+        (85.0, "finish", (rid, Outcome(ok=True, prompt_tokens=6000, completion_tokens=300)))
+        for rid in ("r6", "r7", "r8", "r9")
+    ],
     (100.0, "tick", ()),  # nobody waits: the dispatcher sends no tick, so idle seats stay
 ]
 
-CONFIG = {"teams": {"a": {"max_concurrency": 3, "max_queue": 4, "queue_timeout_s": 60},
-                    "b": {"max_concurrency": 2, "max_queue": 3, "queue_timeout_s": 60}},
-          "admission": {"min_hold_s": 1, "idle_release_s": 5}}
+CONFIG = {
+    "teams": {
+        "a": {"max_concurrency": 3, "max_queue": 4, "queue_timeout_s": 60},
+        "b": {"max_concurrency": 2, "max_queue": 3, "queue_timeout_s": 60},
+    },
+    "admission": {"min_hold_s": 1, "idle_release_s": 5},
+}
 
 
 def _core() -> DecisionCore:

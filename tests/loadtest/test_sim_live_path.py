@@ -33,8 +33,15 @@ def _run(cfg: SimConfig, core: DecisionCore | None = None) -> tuple[Simulator, l
     return sim, seen
 
 
-BASE = {"profile": "tiny", "backends": 2, "policy": "gateway", "conversations": 12, "minutes": 4,
-        "warmup_minutes": 0.5, "scale": 0.04}
+BASE = {
+    "profile": "tiny",
+    "backends": 2,
+    "policy": "gateway",
+    "conversations": 12,
+    "minutes": 4,
+    "warmup_minutes": 0.5,
+    "scale": 0.04,
+}
 
 
 def test_the_core_gets_what_serve_knows_unless_the_oracle_is_asked_for() -> None:
@@ -84,8 +91,12 @@ def test_the_pool_view_is_the_live_pools_aggregation_on_the_virtual_clock() -> N
 
 
 def test_faults_are_exercised_and_nothing_is_lost() -> None:
-    faults = Faults(cancel_rate=0.1, cancel_within_s=5.0, unhealthy=(("b1", 60.0, 120.0), ("b0", 150.0, 170.0)),
-                    lease_refusal_rate=0.2)
+    faults = Faults(
+        cancel_rate=0.1,
+        cancel_within_s=5.0,
+        unhealthy=(("b1", 60.0, 120.0), ("b0", 150.0, 170.0)),
+        lease_refusal_rate=0.2,
+    )
     sim, _ = _run(SimConfig(**{**BASE, "scale": 0.1}, faults=faults))
     counts = sim.fault_counts()
     assert counts["cancelled"] > 0 and counts["stream_broken"] > 0 and counts["requeues"] > 0
