@@ -1,10 +1,10 @@
-# Two commands: `make demo` runs the main job, `make test` runs the whole suite.
+# `make demo` runs the main job, `make test` runs the whole suite, `make test-fast` its part not marked slow.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo test test-fast lint install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,13 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The tests not marked `slow` (a test is slow if it takes more than 5 s on a 2-core machine, or starts
+# a multi-process stack: several gateway workers, docker compose, Prometheus and Grafana).
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -79,5 +79,10 @@ class PoolConfig(Protocol):
 
     @property
     def health(self) -> HealthConfig: ...
+
+    @property
+    def breaker(self) -> Mapping[str, Any]:
+        """Keyword parameters of every backend's ``policies/breaker.py::Breaker``."""
+        ...
 
     def upstream_model(self, alias: str) -> str: ...

@@ -35,6 +35,8 @@ class Backend:
     upstream_model: str
     health_ok: bool = False
     breaker: Breaker = field(default_factory=Breaker)
+    clock: Callable[[], float] = time.monotonic
+    """The pool's clock (the simulator's virtual one there)."""
     failures: int = 0
     last_error: str = ""
     max_total_num_tokens: int = 0
@@ -59,11 +61,11 @@ class Backend:
 
     @property
     def healthy(self) -> bool:
-        return self.health_ok and self.breaker.routable(time.monotonic())
+        return self.health_ok and self.breaker.routable(self.clock())
 
     @property
     def breaker_state(self) -> int:
-        return STATE_CODE[self.breaker.state(time.monotonic())]
+        return STATE_CODE[self.breaker.state(self.clock())]
 
     @property
     def url(self) -> str:
@@ -93,12 +95,15 @@ Listener = Callable[[str, list[BackendView]], None]
 
 
 class BackendPool:
-    def __init__(self, config: PoolConfig, client: httpx.AsyncClient) -> None:
+    def __init__(self, config: PoolConfig, client: httpx.AsyncClient | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``client`` None: a pool that is never started, fed by its caller (the simulator)."""
         self.config = config
         self.client = client
         self.models: dict[str, list[Backend]] = {
             alias: [Backend(alias, b, config.upstream_model(alias),
-                            model_surfaces={str(k): str(v) for k, v in model.surfaces.items()})
+                            model_surfaces={str(k): str(v) for k, v in model.surfaces.items()},
+                            breaker=Breaker(**config.breaker), clock=clock)
                     for b in model.backends]
             for alias, model in config.models.items()
         }
@@ -150,6 +155,7 @@ class BackendPool:
             await asyncio.gather(*(self._poll_load(b) for b in self.all() if b.healthy))
 
     async def _get(self, backend: Backend, path: str) -> httpx.Response:
+        assert self.client is not None, "a pool without a client is fed by its caller, never polled"
         return await self.client.get(backend.url + path, headers=backend.headers(),
                                      timeout=self.config.health.timeout_s)
 
@@ -230,7 +236,7 @@ class BackendPool:
         total = int(loads[0].get("max_total_num_tokens") or 0)
         if total:
             backend.max_total_num_tokens = total
-        backend.loads_at = time.monotonic()
+        backend.loads_at = backend.clock()
 
     def mark_ok(self, backend: Backend) -> None:
         """A passed health check (also the half-open probe of an open breaker)."""
@@ -238,7 +244,7 @@ class BackendPool:
         backend.failures = 0
         backend.last_error = ""
         backend.health_ok = True
-        now = time.monotonic()
+        now = backend.clock()
         if backend.breaker.state(now) == "half_open":
             backend.breaker.success(now)  # the probe: the breaker closes
         if not was and backend.healthy:
@@ -247,7 +253,7 @@ class BackendPool:
 
     def mark_failure(self, backend: Backend, error: str) -> None:
         """A failed health check (a failed probe when the breaker is half-open)."""
-        now = time.monotonic()
+        now = backend.clock()
         if backend.breaker.state(now) == "half_open":
             backend.breaker.failure(now)
         backend.failures += 1
@@ -261,12 +267,12 @@ class BackendPool:
 
     def request_ok(self, backend: Backend) -> None:
         """A request got an answer that is not the backend's fault (2xx-4xx, a complete stream)."""
-        backend.breaker.success(time.monotonic())
+        backend.breaker.success(backend.clock())
 
     def request_failed(self, backend: Backend, kind: str, error: str) -> None:
         """A request failed on the backend: ``connect`` (trips the breaker at once), ``timeout``,
         ``status_5xx`` or ``stream_broken`` (counted towards opening it)."""
-        now = time.monotonic()
+        now = backend.clock()
         was = backend.healthy
         if kind == "connect":
             backend.breaker.trip(now)

@@ -1,4 +1,5 @@
-"""Configuration: a YAML file (interfaces §6), environment variables, and quick-start flags.
+"""Configuration: a YAML file (``deploy/cachegate.example.yaml`` shows every section), environment
+variables, and quick-start flags.
 
 Precedence, highest first: command-line flags, ``CACHEGATE_*`` environment variables, the file.
 """
@@ -7,18 +8,30 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 # The pool's part of the configuration lives with the pool (backends/ sits below gateway/).
 from backends.config import BackendConfig as BackendConfig
 from backends.config import HealthConfig as HealthConfig
 from backends.config import ModelConfig as ModelConfig
 from backends.config import _Strict
+from gateway.params import check_section, section_model
+from policies.admission import SeatParams
+from policies.breaker import Breaker
+from policies.routers.min_ttft import MinTTFT
+from policies.teams import TeamLimits
 
 
 class ListenConfig(_Strict):
@@ -26,13 +39,22 @@ class ListenConfig(_Strict):
     port: int = Field(8080, ge=0, le=65535)
 
 
+_TEAM = TeamLimits()
+
+
 class TeamConfig(_Strict):
-    max_concurrency: int = Field(8, ge=0)
-    max_queue: int = Field(32, ge=0)
-    queue_timeout_s: float = Field(60.0, gt=0)
-    weight: float = Field(1.0, gt=0)
-    priority: int = 0
-    tokens_per_minute: int | None = Field(None, ge=0)
+    """A team's limits as a config file gives them: the fields, defaults and meanings of
+    ``policies/teams.py::TeamLimits`` (a test keeps the two equal), with the bounds a file must respect."""
+
+    max_concurrency: int = Field(_TEAM.max_concurrency, ge=0)
+    max_queue: int = Field(_TEAM.max_queue, ge=0)
+    queue_timeout_s: float = Field(_TEAM.queue_timeout_s, gt=0)
+    weight: float = Field(_TEAM.weight, gt=0)
+    priority: int = _TEAM.priority
+    tokens_per_minute: int | None = Field(_TEAM.tokens_per_minute, ge=0)
+
+    def limits(self) -> TeamLimits:
+        return TeamLimits(**self.model_dump())
 
 
 class KeyConfig(_Strict):
@@ -69,26 +91,35 @@ class UpstreamConfig(_Strict):
     """Send an SSE comment after this much upstream silence (0: never), so ingress idle timeouts hold."""
 
 
-class AdmissionConfig(_Strict):
-    """Seat parameters of the ``gateway`` stack (policies/admission.py documents each)."""
-
-    admit_water: float | None = Field(None, gt=0, le=1)
-    high_water: float | None = Field(None, gt=0, le=1)
-    quantum_s: float | None = Field(None, gt=0)
-    rotate_on: Literal["waiter", "seat"] | None = None
-    min_hold_s: float | None = Field(None, ge=0)
-    idle_release_s: float | None = Field(None, gt=0)
-    default_output: int | None = Field(None, ge=1)
-    output_clip: int | None = Field(None, ge=1)
+# Policy parameters: each section's fields are the policy's own (names, types, defaults: see
+# gateway/params.py); only their bounds are here. Unset entries keep the policy's default.
+AdmissionSection = section_model(SeatParams, "AdmissionSection", {
+    "admit_water": {"gt": 0, "le": 1}, "high_water": {"gt": 0, "le": 1}, "quantum_s": {"gt": 0},
+    "min_hold_s": {"ge": 0}, "idle_release_s": {"gt": 0}, "default_output": {"ge": 1}, "output_clip": {"ge": 1},
+    "rotate_on": {"pattern": "^(waiter|seat)$"}})
+"""``admission:``: ``policies/admission.py::SeatParams`` (the ``gateway`` stack's seats)."""
+RouterSection = section_model(MinTTFT, "RouterSection", {
+    "tie_rel": {"ge": 0}, "tie_abs_s": {"ge": 0}, "gate_ratio": {"ge": 1}, "gate_slack": {"ge": 0},
+    "load_factor": {"ge": 1}, "learn_alpha": {"gt": 0, "le": 1}, "default_capacity": {"ge": 1}})
+"""``router:``: keyword parameters of ``policies/routers/min_ttft.py::MinTTFT`` (the ``gateway`` stack's router)."""
+BreakerSection = section_model(Breaker, "BreakerSection", {
+    "consecutive_failures": {"ge": 1}, "error_rate": {"gt": 0, "le": 1}, "window": {"ge": 1},
+    "min_samples": {"ge": 1}, "open_s": {"gt": 0}, "max_open_s": {"gt": 0}})
+"""``breaker:``: keyword parameters of ``policies/breaker.py::Breaker`` (one per backend)."""
 
 
 class Config(_Strict):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     redis_url: str | None = None
     lease_ttl_s: float = Field(10.0, gt=0)
-    """A team slot held by a replica that died comes back within this time."""
+    """A team lease held by a replica that died comes back within this time."""
     policy: str = "gateway"
-    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    admission: dict[str, Any] = Field(default_factory=dict)
+    """Seat parameters (``AdmissionSection``); used by stacks with seats."""
+    router: dict[str, Any] = Field(default_factory=dict)
+    """Router parameters (``RouterSection``); used by stacks whose router is ``min-ttft``."""
+    breaker: dict[str, Any] = Field(default_factory=dict)
+    """Circuit-breaker parameters (``BreakerSection``), the same for every backend."""
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     teams: dict[str, TeamConfig] = Field(default_factory=dict)
     keys: list[KeyConfig] = Field(default_factory=list)
@@ -108,6 +139,21 @@ class Config(_Strict):
     a refusal after that is one in-stream error event (0: never open early)."""
     access_log: Literal["text", "json", "off"] = "text"
     """One line per HTTP request on the logger ``cachegate.access``: key=value text, bare JSON, or none."""
+
+    @field_validator("admission")
+    @classmethod
+    def _admission(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_section(AdmissionSection, v)
+
+    @field_validator("router")
+    @classmethod
+    def _router(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_section(RouterSection, v)
+
+    @field_validator("breaker")
+    @classmethod
+    def _breaker(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_section(BreakerSection, v)
 
     @field_validator("policy")
     @classmethod
@@ -146,19 +192,36 @@ class Config(_Strict):
         return self.models[alias].upstream_model or alias
 
 
-class EnvSettings(BaseSettings):
-    """The ``CACHEGATE_*`` environment variables."""
+class _ListenEnv(PydanticBaseSettingsSource):
+    """``CACHEGATE_HOST`` / ``CACHEGATE_PORT``: the short names of ``listen.host`` / ``listen.port``."""
 
-    model_config = SettingsConfigDict(env_prefix="CACHEGATE_", extra="ignore")
-    config: str | None = None
-    redis_url: str | None = None
-    host: str | None = None
-    port: int | None = None
-    workers: int | None = None
-    log_level: str | None = None
-    policy: str | None = None
-    admin_token: str | None = None
-    access_log: str | None = None
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ answers for the whole section
+
+    def __call__(self) -> dict[str, Any]:
+        listen = {key: os.environ[f"CACHEGATE_{key.upper()}"] for key in ("host", "port")
+                  if f"CACHEGATE_{key.upper()}" in os.environ}
+        return {"listen": listen} if listen else {}
+
+
+class _Sourced(BaseSettings, Config):
+    """``Config`` read from its sources by pydantic-settings, highest first: the flags (init
+    arguments), ``CACHEGATE_HOST`` / ``CACHEGATE_PORT``, ``CACHEGATE_<FIELD>`` (e.g.
+    ``CACHEGATE_REDIS_URL``, ``CACHEGATE_WORKERS``; nested with ``__``: ``CACHEGATE_LISTEN__PORT``),
+    then the YAML file. Nested sections merge field by field."""
+
+    model_config = SettingsConfigDict(env_prefix="CACHEGATE_", env_nested_delimiter="__", extra="forbid")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _ListenEnv(settings_cls), env_settings]
+        if settings_cls.model_config.get("yaml_file"):
+            sources.append(YamlConfigSettingsSource(settings_cls))
+        return tuple(sources)
 
 
 def hash_key(key: str) -> str:
@@ -184,33 +247,18 @@ def load_config(
     ``backends`` + ``model`` (``--backend URL``, ``--model ALIAS``) add a model whose upstream
     served name is the alias itself; ``api_keys`` items are ``KEY`` (team default) or ``KEY=TEAM``.
     """
-    env = EnvSettings()
-    path = path or env.config
-    data: dict[str, Any] = {}
+    path = path or os.environ.get("CACHEGATE_CONFIG") or None
     if path:
-        text = Path(path).read_text()
-        loaded = yaml.safe_load(text)
+        loaded = yaml.safe_load(Path(path).read_text())
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{path}: the top level must be a mapping")
-        data = loaded or {}
-    for key, value in (("redis_url", env.redis_url), ("workers", env.workers),
-                       ("log_level", env.log_level), ("policy", env.policy), ("access_log", env.access_log)):
-        if value is not None:
-            data[key] = value
-    listen = dict(data.get("listen") or {})
-    if env.host is not None:
-        listen["host"] = env.host
-    if env.port is not None:
-        listen["port"] = env.port
-    if host is not None:
-        listen["host"] = host
-    if port is not None:
-        listen["port"] = port
-    data["listen"] = listen
-    for key, value in (("redis_url", redis_url), ("workers", workers), ("policy", policy),
-                       ("log_level", log_level), ("access_log", access_log)):
-        if value is not None:
-            data[key] = value
+    flags: dict[str, Any] = {k: v for k, v in (("redis_url", redis_url), ("workers", workers), ("policy", policy),
+                                               ("log_level", log_level), ("access_log", access_log)) if v is not None}
+    listen = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    if listen:
+        flags["listen"] = listen
+    sourced = type("_FromFile", (_Sourced,), {"model_config": {**_Sourced.model_config, "yaml_file": path}})
+    data = sourced(**flags).model_dump(exclude_unset=False)
     if backends:
         if not model:
             raise ValueError("--backend needs --model ALIAS (the model name clients use)")

@@ -72,7 +72,7 @@ class Dispatcher:
                 raise Refused(decision)
             if not self._leases or await self._lease(facts):
                 return decision
-            # Another replica holds the team's slots: wait again, woken by a release anywhere.
+            # Another replica holds the team's leases: wait again, woken by a release anywhere.
             future = asyncio.get_running_loop().create_future()
             self._waiting[facts.rid] = future
             self._apply(self.core.requeue(facts.rid, self.clock()))
@@ -133,8 +133,12 @@ class Dispatcher:
                 self.on_decision(decision)
             future.set_result(decision)
 
+    def tick(self) -> None:
+        """The core's clock event, sent while anyone waits (``loadtest/sim_driver.py`` does the same)."""
+        if self._waiting:
+            self._apply(self.core.tick(self.clock()))
+
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(self.tick_s)
-            if self._waiting:
-                self._apply(self.core.tick(self.clock()))
+            self.tick()

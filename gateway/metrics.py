@@ -28,12 +28,15 @@ import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.exposition import choose_encoder
 
+from policies.types import RefusalCode
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-REFUSAL_REASONS = ("team_queue_full", "queue_timeout", "team_token_rate", "no_healthy_backend")
+REFUSAL_REASONS: tuple[str, ...] = get_args(RefusalCode)  # the codes are defined once, in policies/types.py
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "status_5xx", "stream_broken")
 
 TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)

@@ -2,7 +2,7 @@
 
 - **Team leases**: a dispatched request holds a lease in its team's sorted set (member: request id,
   score: expiry by Redis's clock). Taking one is an atomic Lua script that drops expired leases and
-  counts; leases are renewed while held, so a replica that dies gives its slots back within
+  counts; leases are renewed while held, so a replica that dies gives its leases back within
   ``lease_ttl_s``. A refused lease goes back to the core as ``requeue``; a release publishes an
   event that wakes the waiters of that team on every replica (no polling).
 - **Live replicas**: each replica heartbeats into a sorted set; ``1 / live replicas`` is this
@@ -155,7 +155,7 @@ class RedisState:
     # ----- leases --------------------------------------------------------------------------------
 
     async def acquire(self, team: str, rid: str, limit: int) -> bool:
-        """Take one of ``team``'s ``limit`` slots for ``rid``; in degraded mode the core's split cap holds."""
+        """Take one of ``team``'s ``limit`` leases for ``rid``; in degraded mode the core's split cap holds."""
         if not self.degraded:
             try:
                 ok = bool(await self._acquire(keys=[self._key("lease", team)], args=[limit, self.lease_ttl_s, rid]))

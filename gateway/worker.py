@@ -19,7 +19,6 @@ from gateway.state import MemoryState, RedisState
 from gateway.telemetry import RequestTrace, Telemetry
 from gateway.upstream import Upstream
 from policies import registry
-from policies.teams import TeamLimits
 from policies.tokens import TokenEstimator
 from policies.types import BackendView, Dispatch
 
@@ -34,11 +33,11 @@ class Gateway:
         self.keys = KeyStore(config)
         self.metrics = metrics or Metrics()
         self.telemetry = Telemetry(config.telemetry)
-        self.core = registry.build(config.policy)
+        self.core = registry.build(config.policy, router_params=config.router)
         self.core.configure(
             {
                 "teams": {n: t.model_dump() for n, t in config.teams.items()},
-                "admission": config.admission.model_dump(exclude_none=True),
+                "admission": config.admission,
             }
         )
         self.state: MemoryState | RedisState = (
@@ -65,7 +64,7 @@ class Gateway:
 
     def _limits_changed(self, team: str, fields: dict[str, Any]) -> None:
         known = {k: v for k, v in fields.items() if k in TeamConfig.model_fields}
-        self.core.set_team(team, TeamLimits(**TeamConfig.model_validate(known).model_dump()))
+        self.core.set_team(team, TeamConfig.model_validate(known).limits())
         self.dispatcher.wake(team)
 
     def _share_changed(self, share: float, split: bool) -> None:

@@ -56,18 +56,29 @@ def simulate(
     seed: int = typer.Option(1, help="Workload seed."),
     json_path: Path | None = typer.Option(None, "--json", help="Write {\"runs\": [...]} here."),
     speedup: float = typer.Option(1.0, help="trace: divide arrival times by this."),
-    config: Path | None = typer.Option(None, help="Team limits (interfaces §6 YAML), passed to the "
-                                                  "core's configure(); stacks without admission ignore it."),
+    config: Path | None = typer.Option(None, help="A serve config file (deploy/cachegate.example.yaml's shape), "
+                                                  "validated as serve does: teams it lists, admission, router, "
+                                                  "breaker and health; stacks without admission ignore the teams."),
     scale: float = typer.Option(1.0, help="Multiply every workload token count."),
     think_scale: float = typer.Option(1.0, help="Multiply think times."),
     report: Path | None = typer.Option(None, help="Also write a report folder (plots, index.html)."),
     jobs: int = typer.Option(0, help="Runs in parallel (0: one per CPU core)."),
+    oracle: bool = typer.Option(False, help="Hand the core the true conversation ids, token counts and "
+                                             "output lengths (a ceiling; default: what serve knows)."),
+    max_tokens: int = typer.Option(0, min=0, help="max_tokens the simulated clients send (0: none)."),
+    cancel_rate: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of requests whose client leaves "
+                                                                  "within 30 s of sending."),
+    unhealthy: str | None = typer.Option(None, help="NAME:START_S:END_S,...: a backend refuses connections "
+                                                    "(and drops its streams) in that window (e.g. b0:300:420)."),
+    lease_refusals: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of dispatches whose team lease "
+                                                                     "another replica holds (requeued)."),
 ) -> None:
     """Run workloads against policies and engine profiles in virtual time."""
     import orjson
 
     from loadtest.report import print_table, write_report
-    from loadtest.simulate import SimConfig, build_core
+    from loadtest.sim_driver import Faults, parse_unhealthy
+    from loadtest.simulate import SimConfig, _load_config, build_core
     from loadtest.workload import make_workload, parse_teams
 
     try:
@@ -77,17 +88,27 @@ def simulate(
         build_core(policy, admission, routing)  # fail fast on unknown names
         make_workload(workload)
         team_specs = parse_teams(teams) if teams else None
+        faults = Faults(cancel_rate=cancel_rate, unhealthy=parse_unhealthy(unhealthy),
+                        lease_refusal_rate=lease_refusals)
+        if any(int(name[1:] if name[1:].isdigit() else -1) not in range(backends) for name, _, _ in faults.unhealthy):
+            raise ValueError(f"--unhealthy: backends are named b0..b{backends - 1}")
     except (ValueError, ImportError) as exc:
         raise _fail(str(exc)) from None
     if config is not None and not config.is_file():
         raise _fail(f"config file not found: {config}")
+    if config is not None:
+        try:
+            build_core(policy, admission, routing, _load_config(config))  # validated as serve validates it
+        except ValueError as exc:
+            raise _fail(f"{config}: {exc}") from None
     levels = [sum(t.conversations for t in team_specs)] if team_specs else _levels(conversations)
     if workload.startswith("trace:"):
         levels = levels[:1]
     cfgs = [SimConfig(profile=profile, backends=backends, policy=policy, admission=admission, routing=routing,
                       workload=workload, conversations=n, teams=team_specs, minutes=minutes,
                       warmup_minutes=warmup_minutes, seed=seed, kv_tokens=kv_tokens, unbounded=unbounded,
-                      scale=scale, think_scale=think_scale, speedup=speedup, config=config) for n in levels]
+                      scale=scale, think_scale=think_scale, speedup=speedup, config=config, oracle=oracle,
+                      max_tokens=max_tokens, faults=faults) for n in levels]
     console = Console()
     workers = min(len(cfgs), jobs or os.cpu_count() or 1)
     t0 = time.perf_counter()

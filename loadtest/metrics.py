@@ -1,6 +1,6 @@
 """The figures of a run, from per-request records, shared by the simulator and the live client.
 
-Definitions (the published comparison's, issue 4):
+Definitions (those of the published comparison the benchmark tables follow, docs/benchmarks.md):
 
 * A request *completes* in the window ``[start, end)`` when its last token arrives there. Token
   rates count the prompt (cached included) plus the output of completed requests, per minute.

@@ -6,17 +6,20 @@ The loop drives the very objects the live system runs: the decision core from
 is either the earliest pending event on the heap (a client sends, a trace request arrives, a core
 tick, a backend poll) or the end of some engine's current forward pass, whichever comes first.
 
-What the core sees mirrors the live gateway: ``arrive`` with the request's facts (fingerprint =
-prompt blocks, conversation id, team, token counts), ``first_token``, ``finish``, a ``tick`` every
-``tick_s`` and after each completion, and ``set_backends`` with the engines' loads every
-``refresh_s`` (as the live pool polls ``/v1/loads``).
+What the core sees is what the live gateway sends it (``loadtest/sim_driver.py``): the facts
+``serve`` computes (token estimates learned from reported usage, no conversation id, the client's
+``max_tokens``; the true values only with ``oracle``), every event through ``SimDriver`` (the
+dispatcher's twin: arrive, cancel, retry, requeue, wake, first token, release, a tick every
+``tick_s`` while requests wait), and the backends as ``backends/pool.py`` sees them (health checks,
+``/v1/loads`` every ``refresh_s``, breakers). Optional faults: clients that leave, backends that
+go away for a while, team leases held by another replica.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +27,8 @@ from typing import Any, Protocol
 
 from backends.sim.tokenizer import Block
 from loadtest.metrics import RequestRecord, summarize, team_rows
+from loadtest.sim_driver import Faults
+from loadtest.sim_live import LivePath, _load_config, build_core, validate_config
 from loadtest.workload import (
     BLOCK_TOKENS,
     TRACE_BLOCK_TOKENS,
@@ -41,7 +46,7 @@ from loadtest.workload import (
     slot_teams,
 )
 from policies.core import DecisionCore
-from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts
+from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse
 
 MODEL = "kimi"
 
@@ -84,6 +89,11 @@ class SimConfig:
     config: Path | None = None
     tick_s: float = 0.25
     refresh_s: float = 1.0
+    oracle: bool = False
+    """Hand the core the true conversation id, token counts and output length (a ceiling)."""
+    max_tokens: int = 0
+    """What the simulated clients send as ``max_tokens`` (0: none, the core assumes its default)."""
+    faults: Faults = field(default_factory=Faults)
 
 
 @dataclass(slots=True)
@@ -108,16 +118,20 @@ class _Pending:
     answer: list[Block] | None = None
     base_len: int = 0
     """Blocks the slot's prompt had before this turn appended its new messages."""
+    prompt_bytes: int = 0
+    backend: str | None = None
+    """Where it was dispatched (None while it waits)."""
+    retried: bool = False
 
 
-_SEND, _ARRIVE, _TICK, _REFRESH, _WARM = range(5)
+_SEND, _ARRIVE, _TICK, _REFRESH, _WARM, _CALL = range(6)
 
 
-class Simulator:
+class Simulator(LivePath):
     """One run. ``run()`` returns the records and the engines' retraction count in the window."""
 
     def __init__(self, cfg: SimConfig, core: DecisionCore, engines: dict[str, EngineLike],
-                 workload: Workload) -> None:
+                 workload: Workload, settings: Any = None) -> None:
         self.cfg = cfg
         self.core = core
         self.engines = engines
@@ -133,6 +147,7 @@ class Simulator:
         self._trace: Iterator[TraceRequest] | None = None
         self._retractions_at_warm = 0
         self.retractions = 0
+        self._live_path(MODEL, settings)  # the facts, driver and pool of loadtest/sim_live.py
 
     # -- event plumbing -------------------------------------------------------------------------
     def _push(self, t: float, kind: int, data: Any = None) -> None:
@@ -173,32 +188,34 @@ class Simulator:
         return self.records
 
     def _on_heap(self, now: float, kind: int, data: Any) -> None:
+        self.now = now
         if kind == _SEND:
             self._send_turn(data, now)
         elif kind == _ARRIVE:
             self._arrive_trace(data, now)
             self._next_arrival()
         elif kind == _TICK:
-            self._apply(self.core.tick(now), now)
+            self.driver.tick(now)
             self._push(now + self.cfg.tick_s, _TICK)
         elif kind == _REFRESH:
-            self._apply(self.core.set_backends(MODEL, self.views(), now), now)
+            if now == 0.0:  # the pool's first health checks, then one every interval
+                self._on_heap(now, _CALL, self._health)
+            self.pool.poll_loads(now)
+            self.pool.pool._changed(MODEL)  # the pool tells the core (once per round here)
             self._push(now + self.cfg.refresh_s, _REFRESH)
         elif kind == _WARM:
             self._retractions_at_warm = self._retractions()
+        elif kind == _CALL:
+            data(now)
+        self._apply([], now)
 
     def views(self) -> list[BackendView]:
-        views = []
-        for name, e in self.engines.items():
-            loads = e.loads()
-            views.append(BackendView(
-                name=name, healthy=True, kv_tokens=e.max_total_num_tokens, dp_size=e.dp_size,
-                running=sum(r.num_running_reqs for r in loads),
-                waiting=sum(r.num_waiting_reqs for r in loads),
-                token_usage=sum(r.token_usage for r in loads) / max(1, len(loads))))
-        return views
+        """The backends as the pool last saw them (``backends/pool.py``'s aggregation)."""
+        return self.pool.views()
 
     # -- requests -------------------------------------------------------------------------------
+    _CALL = _CALL
+
     def _new_rid(self) -> str:
         return f"r{next(self._rids)}"
 
@@ -232,23 +249,25 @@ class Simulator:
         self.records.append(p.record)
         self.pending[p.record.rid] = p
         p.record.prompt_tokens = sum(n for _, n in p.prompt)
-        facts = RequestFacts(rid=p.record.rid, model=MODEL, team=p.record.team,
-                             prompt_tokens=p.record.prompt_tokens, max_output_tokens=p.output_tokens,
-                             fingerprint=tuple(p.prompt), conversation=conversation)
-        self._apply(self.core.arrive(facts, now), now)
+        facts, p.prompt_bytes = self.facts.facts(p.record.rid, MODEL, p.record.team, p.prompt, p.output_tokens,
+                                                 conversation)
+        f = self.cfg.faults
+        if f.cancel_rate and self._faults.random() < f.cancel_rate:
+            self._push(now + self._faults.uniform(0.0, f.cancel_within_s), _CALL,
+                       functools.partial(self._client_left, p.record.rid))
+        self.driver.arrive(facts, now)
 
     def _apply(self, decisions: list[Decision], now: float) -> None:
-        queue = deque(decisions)
+        """Carry out the core's decisions (``decisions`` and those the driver queued) in order."""
+        queue = self._decided
+        queue.extend(decisions)
         while queue:
             d = queue.popleft()
             p = self.pending.get(d.rid)
             if p is None:
                 continue
             if isinstance(d, Dispatch):
-                engine = self.engines[d.backend]
-                queue.extend(self._on_engine_events(engine.advance(now), now, apply=False))
-                p.record.backend = d.backend
-                engine.submit(_engine_request(d.rid, p, d.rank), now)
+                self._dispatch(p, d, now)
             elif isinstance(d, Refuse):
                 self._refused(p, d, now)
 
@@ -263,7 +282,7 @@ class Simulator:
 
     def _on_engine_events(self, events: list[Any], now: float, *, apply: bool = True) -> list[Decision]:
         decisions: list[Decision] = []
-        finished = False
+        self.now = now
         for ev in events:
             p = self.pending.get(ev.rid)
             if p is None:
@@ -272,10 +291,9 @@ class Simulator:
             if ev.kind == "first_token":
                 if rec.first_token is None:
                     rec.first_token = ev.time
-                decisions += self.core.first_token(ev.rid, ev.time)
+                self.driver.first_token(ev.rid, ev.time)
                 continue
             del self.pending[ev.rid]
-            finished = True
             rec.finish = ev.time
             rec.prompt_tokens = ev.prompt_tokens
             rec.cached_tokens = ev.cached_tokens
@@ -283,13 +301,15 @@ class Simulator:
             rec.ok = ev.finish_reason != "abort"
             if not rec.ok:
                 rec.error = "abort"
-            decisions += self.core.finish(ev.rid, Outcome(
+            if rec.ok:
+                self.facts.observe(p.prompt_bytes, ev.prompt_tokens)
+                if p.backend is not None:
+                    self.pool.request_ok(p.backend)
+            self.driver.release(ev.rid, Outcome(
                 ok=rec.ok, prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens,
                 cached_tokens=ev.cached_tokens), ev.time)
             if p.slot is not None:
                 self._next_turn(p, ev.time)
-        if finished:
-            decisions += self.core.tick(now)
         if apply:
             self._apply(decisions, now)
             return []
@@ -316,29 +336,7 @@ def _append_blocks(prompt: list[Block], pieces: tuple[tuple[str, int], ...],
     return chain.blocks[1:] if prompt else chain.blocks
 
 
-def _engine_request(rid: str, p: _Pending, rank: int | None) -> Any:
-    from backends.sim.engine import EngineRequest
-
-    return EngineRequest(rid=rid, prompt=p.prompt, output_tokens=p.output_tokens,
-                         max_new_tokens=p.output_tokens, final_blocks=p.final_blocks, dp_rank=rank)
-
-
 # -- building a run ------------------------------------------------------------------------------
-
-def build_core(policy: str, admission: str | None = None, routing: str | None = None,
-               config: dict | None = None) -> DecisionCore:
-    """The decision core for ``--policy`` with optional ``--admission`` / ``--routing`` overrides.
-
-    ``config`` (the ``--config`` file's content) goes to ``core.configure(config)`` (a core without
-    team limits ignores it).
-    """
-    from policies import registry
-
-    core = registry.build(policy, routing=routing, admission=admission)
-    if config is not None:
-        core.configure(config)
-    return core
-
 
 def default_engine_factory(cfg: SimConfig) -> EngineFactory:
     from backends.sim.engine import Engine, get_profile
@@ -349,14 +347,15 @@ def default_engine_factory(cfg: SimConfig) -> EngineFactory:
 
 def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None,
             core: DecisionCore | None = None) -> dict:
-    """One simulated run -> one JSON row (issue 4's fields, plus ``kv_tokens`` and ``unbounded``)."""
+    """One simulated run -> one JSON row (``loadtest/metrics.py::summarize``'s fields, plus ``kv_tokens``,
+    ``unbounded``, ``oracle`` and, with faults, ``faults``)."""
     config = _load_config(cfg.config)
     core = core or build_core(cfg.policy, cfg.admission, cfg.routing, config)
     factory = engine_factory or default_engine_factory(cfg)
     engines = {f"b{i}": factory() for i in range(cfg.backends)}
     workload = make_workload(cfg.workload, seed=cfg.seed, scale=cfg.scale, think_scale=cfg.think_scale,
                              speedup=cfg.speedup)
-    sim = Simulator(cfg, core, engines, workload)
+    sim = Simulator(cfg, core, engines, workload, validate_config(config) if config is not None else None)
     records = sim.run()
     teams = cfg.teams or [TeamSpec("default", cfg.conversations)]
     closed = isinstance(workload, CodingAgent)
@@ -376,6 +375,9 @@ def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None,
             team["conversations"] = None
     row["kv_tokens"] = None if cfg.unbounded else first.max_total_num_tokens
     row["unbounded"] = cfg.unbounded
+    row["oracle"] = cfg.oracle
+    if cfg.faults.any:
+        row["faults"] = sim.fault_counts()
     return row
 
 
@@ -386,17 +388,6 @@ def _policy_label(cfg: SimConfig) -> str:
     if cfg.routing:
         parts.append(f"routing={cfg.routing}")
     return "+".join(parts)
-
-
-def _load_config(path: Path | None) -> dict | None:
-    if path is None:
-        return None
-    import yaml
-
-    data = yaml.safe_load(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping (interfaces §6 shape)")
-    return data
 
 
 __all__ = ["SimConfig", "Simulator", "TraceWorkload", "build_core", "run_one"]

@@ -56,10 +56,7 @@ from typing import ClassVar
 from policies.core import DecisionCore, Hook
 from policies.routing import Router
 from policies.teams import UNLIMITED, TeamLimits, TeamState
-from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts
-
-Slot = tuple[str, int | None]
-"""(backend name, DP rank or None for a backend without DP attention)."""
+from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts, Slot
 
 
 @dataclass(frozen=True, slots=True)

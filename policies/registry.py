@@ -1,9 +1,10 @@
-"""Named policy stacks (interfaces §3): the names `cachegate simulate --policy` and the config's
-`policy:` key accept. Later issues add their stacks here."""
+"""Named policy stacks: the names `cachegate simulate --policy` and the config's `policy:` key accept
+(`direct`, `round-robin`, `least-load`, `sglang-cache-aware`: no admission; `gateway`: the product)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from policies.admission import SeatedAdmission
 from policies.core import DecisionCore, PassThroughCore
@@ -30,8 +31,14 @@ ADMISSIONS: dict[str, Callable[[Router, str], DecisionCore]] = {
 def _stack(default_router: str, label: str, default_admission: str = "none") -> Callable[..., DecisionCore]:
     """A stack: ``default_admission`` over ``default_router``, either replaceable by name."""
 
-    def make(router: Router | None = None, admission: str | None = None) -> DecisionCore:
-        chosen = router if router is not None else ROUTERS[default_router]()
+    def make(router: Router | None = None, admission: str | None = None,
+             router_params: Mapping[str, Any] | None = None) -> DecisionCore:
+        if router is not None:
+            chosen = router
+        elif default_router == "min-ttft":  # the one router whose parameters a config may set
+            chosen = MinTTFT(**dict(router_params or {}))
+        else:
+            chosen = ROUTERS[default_router]()
         return ADMISSIONS[admission or default_admission](chosen, label)
 
     return make
@@ -58,15 +65,18 @@ def router(name: str) -> Router:
         raise ValueError(f"unknown routing '{name}'; known: {', '.join(sorted(ROUTERS))}") from None
 
 
-def build(name: str, routing: str | None = None, admission: str | None = None) -> DecisionCore:
-    """A fresh decision core for the stack ``name``; ``routing`` / ``admission`` replace its halves."""
+def build(name: str, routing: str | None = None, admission: str | None = None,
+          router_params: Mapping[str, Any] | None = None) -> DecisionCore:
+    """A fresh decision core for the stack ``name``; ``routing`` / ``admission`` replace its halves;
+    ``router_params`` (the config's ``router:``) are keyword parameters of its ``min-ttft`` router."""
     try:
         factory = STACKS[name]
     except KeyError:
         raise ValueError(f"unknown policy '{name}'; known: {', '.join(sorted(STACKS))}") from None
     if admission is not None and admission not in ADMISSIONS:
         raise ValueError(f"unknown admission '{admission}'; known: {', '.join(sorted(ADMISSIONS))}")
-    return factory(router=None if routing is None else router(routing), admission=admission)
+    return factory(router=None if routing is None else router(routing), admission=admission,
+                   router_params=router_params)
 
 
 def admission_names() -> list[str]:

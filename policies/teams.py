@@ -52,7 +52,7 @@ class TeamState:
         self.last_dispatch: float | None = None
         self.dispatch_interval = 5.0
         self.blocked_until = 0.0
-        """A dispatch was refused its lease (another replica holds the team's slots): hold off until then."""
+        """A dispatch was refused its lease (another replica holds the team's leases): hold off until then."""
 
     @property
     def active(self) -> bool:

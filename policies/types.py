@@ -12,6 +12,9 @@ from typing import Literal
 Fingerprint = tuple[tuple[int, int], ...]
 """Chained block hashes of a prompt, each with the number of tokens the block covers."""
 
+Slot = tuple[str, int | None]
+"""One KV cache: (backend name, DP rank), the rank None for a backend without DP (as in ``Dispatch.rank``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
@@ -58,6 +61,10 @@ class Dispatch:
 
 
 RefusalCode = Literal["team_queue_full", "queue_timeout", "team_token_rate", "no_healthy_backend"]
+"""Why a request was refused: the ``code`` of the error body and the ``reason`` label of the refusal
+metric (``gateway/metrics.py`` takes its label values from here). ``team_queue_full``: the team's queue
+is at ``max_queue``; ``queue_timeout``: waited past ``queue_timeout_s``; ``team_token_rate``: the
+team's ``tokens_per_minute`` budget is spent; ``no_healthy_backend``: nowhere to send it (503)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter, defaultdict
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,6 +34,7 @@ def dispatched(decisions: list) -> list[Dispatch]:
     return [d for d in decisions if isinstance(d, Dispatch)]
 
 
+@pytest.mark.slow  # > 5 s here
 def test_weighted_fairness_converges_to_weights() -> None:
     """Two saturated teams with weights 1 and 2: tokens served split 1:2 within 5%."""
     c = core(teams={"a": TeamLimits(weight=1, max_queue=10**6, max_concurrency=10**6),
@@ -65,6 +67,7 @@ def test_weighted_fairness_converges_to_weights() -> None:
     assert abs(ratio - 2.0) / 2.0 < 0.05, ratio
 
 
+@pytest.mark.slow  # > 5 s here
 def test_big_prompts_get_tokens_not_requests() -> None:
     """A team of huge prompts is charged by tokens: it gets equal tokens, so fewer requests."""
     c = core(kv=40_000, teams={t: TeamLimits(max_queue=10**6, max_concurrency=10**6) for t in ("small", "huge")})

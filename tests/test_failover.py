@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 import yaml
 
 from backends.sim.testing import spawn_twin
@@ -39,6 +40,7 @@ def _requests_at(twin: str) -> float:
     return _metric(httpx.get(twin + "/metrics").text, "sglang:num_requests_total")
 
 
+@pytest.mark.slow  # > 5 s here
 def test_killed_backend_is_cut_off_streams_end_cleanly_and_it_comes_back(tmp_path: Path) -> None:
     turns: list[Turn] = []
     stop = threading.Event()

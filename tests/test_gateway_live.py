@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 import yaml
 
 from backends.sim.testing import run_twin, twin_of
@@ -24,6 +25,7 @@ def _config(path: Path, *urls: str, **extra: object) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # > 5 s here
 def test_conversations_keep_their_backend_and_hit_its_cache(tmp_path: Path) -> None:
     with run_twin("tiny", model=MODEL) as t0, run_twin("tiny", model=MODEL) as t1, \
             run_gateway("--config", _config(tmp_path / "c.yaml", t0, t1)) as base:
@@ -109,6 +111,7 @@ def test_dp_backend_turns_are_pinned_to_one_rank(tmp_path: Path) -> None:
         assert sum(1 for u in used if u) >= 2, f"conversations spread over several ranks: {used}"
 
 
+@pytest.mark.slow  # > 5 s here
 def test_client_that_leaves_while_waiting_gives_its_place_back(tmp_path: Path) -> None:
     teams = {"default": {"max_concurrency": 1, "max_queue": 4, "queue_timeout_s": 30}}
     admin = {"authorization": "Bearer t0ken"}

@@ -66,7 +66,6 @@ async def test_conversations_resend_history_and_hit_the_twin_cache(twin: str) ->
     assert row["total_tpm"] == pytest.approx(row["input_tpm"] + row["output_tpm"], abs=1)
 
 
-@pytest.mark.slow
 async def test_stop_keeps_partial_results(twin: str) -> None:
     cfg = LiveConfig(base_urls=[twin, twin], model="m", conversations=3, duration_s=30.0, scale=0.032,
                      think_scale=0.05)
@@ -79,7 +78,6 @@ async def test_stop_keeps_partial_results(twin: str) -> None:
     assert row["interrupted"] and row["requests"] >= 3 and row["duration_s"] < 5
 
 
-@pytest.mark.slow
 def test_loadtest_cli_sweep_json_and_report(twin: str, tmp_path: Path) -> None:
     out = tmp_path / "runs.json"
     res = CliRunner().invoke(app, ["loadtest", "--base-url", twin, "--model", "m", "--conversations", "1,2",

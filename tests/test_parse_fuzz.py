@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +28,7 @@ bodies = st.fixed_dictionaries({}, optional={
 })
 
 
+@pytest.mark.slow  # > 5 s here
 @settings(max_examples=400, deadline=None)
 @given(bodies, st.sampled_from(["chat", "completion"]))
 def test_any_body_is_a_request_or_a_400(body: dict[str, object], kind: str) -> None:

@@ -6,6 +6,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from tests.fake_upstream import SERVED, FakeUpstream
@@ -14,6 +15,7 @@ from tests.harness import run_gateway
 SYSTEM = "You are a coding agent. " * 200  # a system prompt every conversation shares
 
 
+@pytest.mark.slow  # > 5 s here
 def test_two_gateways_agree_on_new_conversations(tmp_path: Path) -> None:
     ups = [FakeUpstream(kv_tokens=50_000_000) for _ in range(3)]
     with ExitStack() as stack:

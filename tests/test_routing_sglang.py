@@ -40,7 +40,7 @@ def load(router: SglangCacheAware, backend: str, n: int) -> None:
     """``n`` requests in flight on ``backend`` (the router's own count, as its load guard keeps)."""
     for i in range(n):
         r = req(f"load-{backend}-{i}", chain(f"load-{backend}-{i}", [10]))
-        router._inflight.add(r.rid, (backend, 0))
+        router._inflight.add(r.rid, (backend, None))  # a backend without DP is the slot (name, None)
 
 
 def test_sequential_distinct_prompts_all_go_to_the_first_worker() -> None:

@@ -59,6 +59,7 @@ def twin() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow  # > 5 s here
 def test_team_limit_holds_across_two_gateways(twin: str, redis_url: str, tmp_path: Path) -> None:
     cfg = config(tmp_path / "c.yaml", twin, redis_url)
     with run_gateway("--config", cfg) as a, run_gateway("--config", cfg) as b, ThreadPoolExecutor(20) as pool:
@@ -69,6 +70,7 @@ def test_team_limit_holds_across_two_gateways(twin: str, redis_url: str, tmp_pat
     assert not redis.Redis.from_url(redis_url).keys("cachegate:lease:*"), "no lease is left behind"
 
 
+@pytest.mark.slow  # > 5 s here
 def test_slots_of_a_killed_gateway_come_back_within_the_lease_ttl(twin: str, redis_url: str, tmp_path: Path) -> None:
     cfg = config(tmp_path / "c.yaml", twin, redis_url)
     with ExitStack() as stack:
@@ -94,6 +96,7 @@ def _quiet(fn: object, *args: object) -> None:
         fn(*args)  # type: ignore[operator]
 
 
+@pytest.mark.slow  # > 5 s here
 def test_redis_outage_degrades_and_recovers_without_failures(twin: str, redis_server: RedisServer,
                                                             tmp_path: Path) -> None:
     cfg = config(tmp_path / "c.yaml", twin, redis_server.url)
@@ -135,6 +138,7 @@ def test_redis_outage_degrades_and_recovers_without_failures(twin: str, redis_se
     assert results and set(results) == {200}, f"requests failed during the outage: {results}"
 
 
+@pytest.mark.slow  # > 5 s here
 def test_admin_changes_reach_every_replica_and_survive_restart(twin: str, redis_url: str, tmp_path: Path) -> None:
     cfg = config(tmp_path / "c.yaml", twin, redis_url)
     env = {"CACHEGATE_ADMIN_TOKEN": ADMIN}
@@ -174,6 +178,7 @@ def test_admin_api_in_memory_and_off(twin: str, tmp_path: Path) -> None:
         assert off.status_code == 404 and off.json()["error"]["code"] == "admin_disabled"
 
 
+@pytest.mark.slow  # > 5 s here
 def test_without_redis_each_replica_enforces_its_share(twin: str, redis_server: RedisServer, tmp_path: Path) -> None:
     cfg = config(tmp_path / "c.yaml", twin, redis_server.url)
     with run_gateway("--config", cfg) as a, run_gateway("--config", cfg) as b:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from loadtest.simulate import SimConfig, run_one
 
 
@@ -11,14 +9,12 @@ def _tpm(profile: str, n: int) -> int:
     return run_one(SimConfig(profile=profile, conversations=n))["total_tpm"]
 
 
-@pytest.mark.slow
 def test_bf16_collapses_past_capacity() -> None:
     peak = max(_tpm("b300-tp8-bf16", 8), _tpm("b300-tp8-bf16", 16))
     assert _tpm("b300-tp8-bf16", 32) <= peak / 3
     assert _tpm("b300-tp8-bf16", 48) <= peak / 3
 
 
-@pytest.mark.slow
 def test_fp8_hicache_holds_through_48() -> None:
     assert _tpm("b300-tp8-fp8-hicache", 48) >= _tpm("b300-tp8-fp8-hicache", 16)
 

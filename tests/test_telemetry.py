@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from backends.sim.server import DEFAULT_MODEL
 from backends.sim.testing import run_twin
 from gateway.config import TelemetryConfig
-from gateway.telemetry import NULL_TRACE, Telemetry, resolve, traces_url
+from gateway.telemetry import NULL_TRACE, Telemetry, traces_url
 from tests.harness import run_gateway
 
 KIND_SERVER, KIND_CLIENT, KIND_INTERNAL = 2, 3, 1
@@ -270,28 +271,55 @@ def test_client_disconnect_sets_error(gateway: str, receiver: OtlpReceiver) -> N
 # ---- unit: set-up ------------------------------------------------------------------------------------
 
 
-def test_resolve_config_env_and_off() -> None:
+@pytest.fixture(autouse=True)
+def _no_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts without ``OTEL_*`` variables (the SDK reads the process environment)."""
+    for name in [n for n in os.environ if n.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
+
+
+def _exporter_url(tel: Telemetry) -> str:
+    return str(tel.exporter._endpoint)  # type: ignore[attr-defined]
+
+
+def test_config_env_and_off(monkeypatch: pytest.MonkeyPatch) -> None:
     off = TelemetryConfig()
-    assert resolve(off, {}) is None
-    assert resolve(off, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}) is None
-    assert resolve(off, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}) is None
-    s = resolve(off, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/", "OTEL_SERVICE_NAME": "gw",
-                      "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"})
-    assert s is not None and (s.endpoint, s.service_name, s.ratio) == ("http://c:4318/v1/traces", "gw", 0.25)
-    s = resolve(off, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:1/custom"})
-    assert s is not None and s.endpoint == "http://t:1/custom"
+    assert not Telemetry(off).enabled
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert not Telemetry(off).enabled
+    monkeypatch.delenv("OTEL_SDK_DISABLED")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert not Telemetry(off).enabled
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER")
+    # The SDK's own handling: endpoint, service name, sampler from the environment.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "gw")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    tel = Telemetry(off)
+    assert tel.enabled and tel.provider is not None
+    assert _exporter_url(tel) == "http://c:4318/v1/traces"
+    assert tel.provider.resource.attributes["service.name"] == "gw"
+    assert "TraceIdRatioBased{0.25}" in tel.provider.sampler.get_description()
+    tel.shutdown()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/custom")
+    tel = Telemetry(off)
+    assert _exporter_url(tel) == "http://t:1/custom"
+    tel.shutdown()
+    # The config's endpoint wins over every OTEL_* variable.
     cfg = TelemetryConfig(otlp_endpoint="collector:4318", otlp_headers={"x-token": "t"}, sample_ratio=0.5,
                           service_name="cg")
-    s = resolve(cfg, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://ignored:1", "OTEL_SERVICE_NAME": "ignored"})
-    assert s is not None
-    assert (s.endpoint, s.headers, s.service_name, s.ratio) == ("http://collector:4318/v1/traces", {"x-token": "t"},
-                                                                "cg", 0.5)
-    assert "x-token" not in repr(s)
+    tel = Telemetry(cfg)
+    assert tel.provider is not None and _exporter_url(tel) == "http://collector:4318/v1/traces"
+    assert tel.provider.resource.attributes["service.name"] == "cg"
+    assert "TraceIdRatioBased{0.5}" in tel.provider.sampler.get_description()
+    tel.shutdown()
     assert traces_url("https://h/v1/traces") == "https://h/v1/traces"
 
 
 def test_off_is_the_shared_null_trace() -> None:
-    tel = Telemetry(TelemetryConfig(), env={})
+    tel = Telemetry(TelemetryConfig())
     assert not tel.enabled
     t = tel.begin("chat", {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
     assert t is NULL_TRACE and t.exemplar() is None
@@ -302,7 +330,7 @@ def test_off_is_the_shared_null_trace() -> None:
 
 def test_sampling_ratio_zero_exports_nothing_and_no_exemplar() -> None:
     exporter = InMemorySpanExporter()
-    tel = Telemetry(TelemetryConfig(sample_ratio=0.0), env={}, exporter=exporter)
+    tel = Telemetry(TelemetryConfig(sample_ratio=0.0), exporter=exporter)
     t = tel.begin("chat", {})
     assert t.exemplar() is None and not t.recording
     headers: dict[str, str] = {}
@@ -315,7 +343,7 @@ def test_sampling_ratio_zero_exports_nothing_and_no_exemplar() -> None:
 
 def test_sampled_parent_is_honoured_and_exemplar_has_trace_id() -> None:
     exporter = InMemorySpanExporter()
-    tel = Telemetry(TelemetryConfig(sample_ratio=0.0), env={}, exporter=exporter)
+    tel = Telemetry(TelemetryConfig(sample_ratio=0.0), exporter=exporter)
     t = tel.begin("completion", {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
     assert t.exemplar() == {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}
     t.admission_started()
@@ -333,7 +361,7 @@ def test_record_content_only_when_enabled() -> None:
     req = parse(b'{"model": "m", "messages": [{"role": "user", "content": "' + SECRET.encode() + b'"}]}', "chat")
     for record, expect in ((False, False), (True, True)):
         exporter = InMemorySpanExporter()
-        tel = Telemetry(TelemetryConfig(record_content=record), env={}, exporter=exporter)
+        tel = Telemetry(TelemetryConfig(record_content=record), exporter=exporter)
         t = tel.begin("chat", {})
         t.request("rid", "team", req)
         t.end()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from tests.fake_upstream import SERVED, FakeUpstream
@@ -74,6 +75,7 @@ def measure(n: int, workdir: Path) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow  # > 5 s here
 def test_tracing_overhead_comparison_is_sound(tmp_path: Path) -> None:
     result = measure(30, tmp_path)
     print(result)

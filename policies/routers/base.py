@@ -1,8 +1,9 @@
 """What the routers share: cache slots (backend, DP rank), in-flight counting, stable hashing.
 
-A backend declared with ``dp_size`` N is N slots ``(name, 0..N-1)``: each DP rank has its own KV
+A backend declared with ``dp_size`` N > 1 is N slots ``(name, 0..N-1)``: each DP rank has its own KV
 pool and radix tree, so the routers index, count and choose per rank and say which one in
-``Dispatch.rank`` (None for a backend without DP, which then needs no ``routed_dp_rank``).
+``Dispatch.rank``. A backend without DP is one slot ``(name, None)`` (and needs no ``routed_dp_rank``).
+``Slot`` is defined once, in ``policies/types.py``.
 """
 
 from __future__ import annotations
@@ -10,31 +11,30 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
-from policies.types import BackendView, Dispatch
-
-Slot = tuple[str, int]
-"""A cache: (backend name, DP rank; 0 without DP)."""
+from policies.types import BackendView, Dispatch, Slot
 
 _MASK = (1 << 64) - 1
 
 
 def slots_of(backends: Iterable[BackendView]) -> list[tuple[Slot, BackendView]]:
     """Every (backend, rank) pair, in the order the backends were given."""
-    return [((b.name, r), b) for b in backends for r in range(max(1, b.dp_size))]
+    return [((b.name, r if b.dp_size > 1 else None), b) for b in backends for r in range(max(1, b.dp_size))]
 
 
 def slot_of(decision: Dispatch) -> Slot:
-    return (decision.backend, decision.rank or 0)
+    return (decision.backend, decision.rank)
 
 
-def make_dispatch(rid: str, slot: Slot, view: BackendView, reason: str,
-                  scores: dict[str, float] | None = None, matched_tokens: int | None = None) -> Dispatch:
-    """The decision for ``slot``; the rank is named only for a DP backend."""
-    return Dispatch(rid, slot[0], slot[1] if view.dp_size > 1 else None, reason, scores or {}, matched_tokens)
+def make_dispatch(rid: str, slot: Slot, reason: str, scores: dict[str, float] | None = None,
+                  matched_tokens: int | None = None) -> Dispatch:
+    """The decision for ``slot`` (its rank is None for a backend without DP)."""
+    return Dispatch(rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
 
 
 def slot_label(slot: Slot) -> str:
-    return f"{slot[0]}@{slot[1]}"
+    """``backend@rank``; ``backend@0`` without DP (the label rendezvous hashes: changing it would move
+    every cold conversation to another backend)."""
+    return f"{slot[0]}@{slot[1] or 0}"
 
 
 def stable_hash(text: str) -> int:

@@ -8,15 +8,17 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from itertools import pairwise
 
-from policies.routers.base import Slot
-from policies.types import Fingerprint
+from policies.types import Fingerprint, Slot
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillModel:
-    """Prefill seconds of ``u`` uncached tokens after ``c`` cached ones (sglang-and-kimi.md §9.3):
-    ``t0 + u / rate + k_attn · u · (c + u/2)``. Defaults: Kimi on 8×B300 TP8 (t0 30 ms, 40k tok/s,
-    k_attn 6.25e-10 s per token·context): a 160k-token recompute ≈ 12 s, a 3k-token turn ≈ 0.4 s."""
+    """Prefill seconds of ``u`` uncached tokens after ``c`` cached ones: ``t0 + u / rate + k_attn · u ·
+    (c + u/2)`` (a fixed cost per pass, the linear layers, causal attention over the context; the
+    simulated engine's prefill in ``backends/sim/profiles.py`` has the same shape). Defaults: a prior
+    for Kimi on 8×B300 TP8 (t0 30 ms, 40k tok/s, k_attn 6.25e-10 s per token·context: a 160k-token
+    recompute ≈ 12 s, a 3k-token turn ≈ 0.4 s); ``min-ttft`` scales it by each backend's learned speed,
+    so the prior need not match a deployment (nor the simulator's profiles) exactly."""
 
     t0: float = 0.03
     rate: float = 40_000.0

@@ -34,8 +34,8 @@ class LeastLoad(Router):
         if not slots:
             return None
         low = min(self._inflight.count(s) for s, _ in slots)
-        slot, view = self._rng.choice([(s, b) for s, b in slots if self._inflight.count(s) == low])
-        return make_dispatch(req.rid, slot, view, "least_wait", {"inflight": float(low)})
+        slot, _ = self._rng.choice([(s, b) for s, b in slots if self._inflight.count(s) == low])
+        return make_dispatch(req.rid, slot, "least_wait", {"inflight": float(low)})
 
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
         self._inflight.add(req.rid, slot_of(decision))

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from policies.prefix_index import PrefixIndex, cumulative_tokens
-from policies.routers.base import Inflight, Rendezvous, Slot, make_dispatch, slot_label, slot_of, slots_of, stable_hash
+from policies.routers.base import Inflight, Rendezvous, make_dispatch, slot_label, slot_of, slots_of, stable_hash
 from policies.routers.estimators import CommonBlocks as CommonBlocks
 from policies.routers.estimators import Footprint, RecentMax
 from policies.routers.estimators import PrefillModel as PrefillModel
 from policies.routing import Router, RouterHook
-from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts
+from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts, Slot
 
 
 @dataclass(slots=True)
@@ -216,7 +216,7 @@ class MinTTFT(Router):
                   "expected_ttft_s": ttft[chosen], "wait_s": waits[chosen], "candidates": float(count)}
         for i in sorted(range(count), key=ttft.__getitem__)[:8]:
             scores[f"ttft_s:{slot_label(slots[i][0])}"] = ttft[i]
-        return make_dispatch(req.rid, slot, view, reason, scores, matched[chosen])
+        return make_dispatch(req.rid, slot, reason, scores, matched[chosen])
 
     @staticmethod
     def _key(fp: Fingerprint, common_blocks: int, req: RequestFacts) -> int:
@@ -247,7 +247,7 @@ class MinTTFT(Router):
 
     def matched_tokens(self, req: RequestFacts, backend: str, rank: int | None) -> int:
         """Tokens of ``req`` that ``backend`` (rank) probably holds, by this router's index."""
-        return self.index.matched_tokens((backend, rank or 0), req.fingerprint)
+        return self.index.matched_tokens((backend, rank), req.fingerprint)
 
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
         slot = slot_of(decision)

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from policies.routers.base import Inflight, Slot, make_dispatch, slot_of, slots_of
+from policies.routers.base import Inflight, make_dispatch, slot_of, slots_of
 from policies.routing import Router, RouterHook
-from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts
+from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts, Slot
 
 CHARS_PER_TOKEN = 4
 """The router matches request *text*; we see token-counted blocks, so a block of n tokens stands
@@ -112,9 +112,9 @@ class ApproxTree:
                         heapq.heappush(heap, (pnode.tenants[tenant], node.parent))
 
 
-def _tenant(slot: Slot, view: BackendView) -> str:
+def _tenant(slot: Slot) -> str:
     # With --dp-aware the router registers one worker per rank, "url@rank".
-    return f"{slot[0]}@{slot[1]}" if view.dp_size > 1 else slot[0]
+    return slot[0] if slot[1] is None else f"{slot[0]}@{slot[1]}"
 
 
 class SglangCacheAware(Router):
@@ -192,25 +192,25 @@ class SglangCacheAware(Router):
             rate = matched / total if total else 0.0
             scores["match_rate"] = rate
             if rate > self.cache_threshold:
-                names = [_tenant(s, b) for s, b in workers]
+                names = [_tenant(s) for s, _ in workers]
                 if tenant in names:
                     chosen, reason, insert = names.index(tenant), "prefix", True
                 else:  # the tenant left: the first healthy worker, and no insert
                     chosen, reason, insert = 0, "prefix", False
             else:
                 chosen, reason, insert = least, "least_wait", True
-        slot, view = workers[chosen]
+        slot = workers[chosen][0]
         if insert:
             self._insert[req.rid] = (req.model, req.fingerprint)
         else:
             self._insert.pop(req.rid, None)
-        return make_dispatch(req.rid, slot, view, reason, scores)
+        return make_dispatch(req.rid, slot, reason, scores)
 
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
         pending = self._insert.pop(req.rid, None)
         if pending is not None:
             model, fp = pending
-            tenant = decision.backend if decision.rank is None else f"{decision.backend}@{decision.rank}"
+            tenant = _tenant(slot_of(decision))
             self.trees.setdefault(model, ApproxTree()).insert(fp, tenant)
         self._inflight.add(req.rid, slot_of(decision))
 
