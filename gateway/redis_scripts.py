@@ -1,0 +1,148 @@
+"""The Redis side of shared state: key names and the Lua scripts, one round trip each.
+
+Keys (``P`` is the prefix, ``cachegate`` by default):
+
+- ``P:lease:{team}``: hash, one field per replica holding leases of the team (value: how many),
+  plus ``~e``: the epoch the hash belongs to. A replica's leases live as long as the replica's
+  heartbeat (``P:replicas``), so renewing every lease a replica holds is one heartbeat.
+- ``P:wait:{team}``: exists (a few seconds) while some replica has a request refused for lack of
+  a team slot; a release publishes a wake-up only then.
+- ``P:replicas``: sorted set, replica id -> Redis time of its last heartbeat.
+- ``P:epoch``: a random token written by the first replica that finds Redis empty. A flush or a
+  restart without persistence loses it: every replica sees the change on its next call and
+  re-registers what it holds (fencing: no lease is taken in a Redis whose epoch is not the one
+  the replica has registered its leases in).
+- ``P:teams``: hash, team -> ``{"fields": {...}, "v": version}``: runtime limits (admin API).
+- ``P:events``: pub/sub channel: ``release`` (someone waits for a slot) and ``limits`` events.
+"""
+
+from __future__ import annotations
+
+import orjson
+import redis
+
+# KEYS: lease, wait, epoch, events. ARGV: limit, replica, epoch, deferred releases, wait ms, event.
+# Common path: HGETALL and, when something changes, HINCRBY.
+ACQUIRE = """
+local h = redis.call('HGETALL', KEYS[1])
+local total, e = 0, false
+for i = 1, #h, 2 do
+  if h[i] == '~e' then e = h[i + 1] else total = total + tonumber(h[i + 1]) end
+end
+if not e then
+  e = redis.call('GET', KEYS[3])
+  if e ~= ARGV[3] then return -1 end
+  redis.call('HSET', KEYS[1], '~e', e)
+elseif e ~= ARGV[3] then
+  return -1
+end
+local p = tonumber(ARGV[4])
+local ok = total - p < tonumber(ARGV[1])
+local net = (ok and 1 or 0) - p
+if net ~= 0 then
+  if redis.call('HINCRBY', KEYS[1], ARGV[2], net) <= 0 then redis.call('HDEL', KEYS[1], ARGV[2]) end
+end
+if not ok then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
+  return 0
+end
+if net < 0 and redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PUBLISH', KEYS[4], ARGV[6]) end
+return 1
+"""
+
+# KEYS: events, then (lease, wait) per team. ARGV: replica, then (count, event) per team.
+RELEASE = """
+for i = 2, #KEYS, 2 do
+  if redis.call('HINCRBY', KEYS[i], ARGV[1], -tonumber(ARGV[i])) <= 0 then redis.call('HDEL', KEYS[i], ARGV[1]) end
+  if redis.call('EXISTS', KEYS[i + 1]) == 1 then redis.call('PUBLISH', KEYS[1], ARGV[i + 1]) end
+end
+return 1
+"""
+
+# KEYS: replicas, epoch. ARGV: replica, epoch, lease ttl s, membership window s, key prefix.
+# -> {1, live replicas} | {-1} epoch changed | {-2} this replica had been dropped (leases lost)
+HEARTBEAT = """
+local now = redis.call('TIME')
+local t = tonumber(now[1]) + tonumber(now[2]) / 1e6
+if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {-1, 0} end
+if redis.call('ZADD', KEYS[1], t, ARGV[1]) == 1 then return {-2, 0} end
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', t - tonumber(ARGV[3]))
+if #dead > 0 then
+  local cursor = '0'
+  repeat
+    local r = redis.call('SCAN', cursor, 'MATCH', ARGV[5] .. ':lease:*', 'COUNT', 1000)
+    cursor = r[1]
+    for _, k in ipairs(r[2]) do redis.call('HDEL', k, unpack(dead)) end
+  until cursor == '0'
+  redis.call('ZREM', KEYS[1], unpack(dead))
+end
+return {1, redis.call('ZCOUNT', KEYS[1], t - tonumber(ARGV[4]), '+inf')}
+"""
+
+# KEYS: replicas, epoch, lease per team. ARGV: replica, candidate epoch, window s, count per team.
+# Writes what this replica holds as absolute counts, so it is right whatever Redis lost.
+REGISTER = """
+local now = redis.call('TIME')
+local t = tonumber(now[1]) + tonumber(now[2]) / 1e6
+local e = redis.call('GET', KEYS[2])
+if not e then
+  e = ARGV[2]
+  redis.call('SET', KEYS[2], e)
+end
+redis.call('ZADD', KEYS[1], t, ARGV[1])
+for i = 3, #KEYS do
+  local n = tonumber(ARGV[i + 1])
+  if n > 0 then redis.call('HSET', KEYS[i], ARGV[1], n, '~e', e) else redis.call('HDEL', KEYS[i], ARGV[1]) end
+end
+return {e, redis.call('ZCOUNT', KEYS[1], t - tonumber(ARGV[3]), '+inf')}
+"""
+
+# KEYS: teams. ARGV: (team, json) pairs. Keeps the newer version of each team's runtime limits.
+MERGE_LIMITS = """
+local n = 0
+for i = 1, #ARGV, 2 do
+  local cur = redis.call('HGET', KEYS[1], ARGV[i])
+  local v = cjson.decode(ARGV[i + 1])['v']
+  local old = cur and (cjson.decode(cur)['v'] or 0) or -1
+  if old < v then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    n = n + 1
+  end
+end
+return n
+"""
+
+# KEYS: replicas, lease per team. ARGV: replica. A replica that stops gives everything back.
+LEAVE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+for i = 2, #KEYS do redis.call('HDEL', KEYS[i], ARGV[1]) end
+return 1
+"""
+
+
+def decode_limits(raw: bytes) -> tuple[dict[str, object], int]:
+    """A stored team entry: ``(fields, version)``; entries written before versions count as 0."""
+    data = orjson.loads(raw)
+    if isinstance(data, dict) and "fields" in data and "v" in data:
+        return dict(data["fields"]), int(data["v"])
+    return dict(data), 0
+
+
+def live_leases(url: str, prefix: str = "cachegate", ttl_s: float = 10.0) -> dict[str, int]:
+    """Leases held per team by live replicas (heartbeat within ``ttl_s``): for tests and the chaos
+    suite ("leases left at the end"). Synchronous; opens and closes its own connection."""
+    client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    try:
+        sec, usec = client.time()
+        now = sec + usec / 1e6
+        live = {m.decode() for m in client.zrangebyscore(f"{prefix}:replicas", now - ttl_s, "+inf")}
+        out: dict[str, int] = {}
+        for key in client.scan_iter(match=f"{prefix}:lease:*", count=1000):
+            team = key.decode()[len(prefix) + len(":lease:"):]
+            fields = client.hgetall(key)
+            count = sum(int(v) for k, v in fields.items() if k.decode() in live)
+            if count:
+                out[team] = count
+        return out
+    finally:
+        client.close()

@@ -1,0 +1,396 @@
+"""Team leases, live replicas and runtime limits shared through Redis (see ``gateway/state.py``).
+
+Phases (``status()["phase"]``; ``mode`` is ``redis`` only in ``shared``):
+
+- ``shared``: team concurrency is enforced by the leases in Redis, each replica uses the whole limit.
+- ``unreachable``: the first failed call drops every pooled connection at once and the replica
+  enforces its share (``ceil(limit / replicas)``, replicas as known before the fault) locally.
+- ``settling``: Redis answers again; the replica has re-registered the leases it actually holds
+  (absolute counts, in the current epoch) and takes leases through Redis, but still within its
+  share, until it has been connected for ``settle_s`` and every replica known before the fault has
+  registered again (or ``lease_ttl_s`` passed: one that has not is dead). Then ``shared``.
+
+So a replica never uses more than its share while another may still grant from its own share
+without Redis knowing, and a fault changes the mode twice (degraded, then shared), not per
+failing connection. Releases are batched for ``release_batch_s`` (or folded into the next
+acquire of the same team): Redis may count a lease a few milliseconds too long, never too short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from gateway import redis_scripts as lua
+from gateway.aio import cancel_and_wait
+
+log = logging.getLogger("cachegate.state")
+
+
+class RedisState:
+    """The shared-state interface of ``MemoryState`` (acquire, release, set_team, teams, status,
+    on_wake, on_limits, on_share), served from Redis."""
+
+    shared = True
+
+    def __init__(self, url: str, prefix: str = "cachegate", lease_ttl_s: float = 10.0,
+                 heartbeat_s: float = 1.0, release_batch_s: float = 0.02, settle_s: float | None = None) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.lease_ttl_s = lease_ttl_s
+        self.heartbeat_s = heartbeat_s
+        self.release_batch_s = release_batch_s
+        self.settle_s = 2 * heartbeat_s if settle_s is None else settle_s
+        self.window_s = 3 * heartbeat_s + 1  # a replica counts as live this long after its heartbeat
+        self.replica = uuid.uuid4().hex[:12]
+        # No automatic retry: a script is not replayed blindly; a fault is handled once, for the pool.
+        self.redis: aioredis.Redis = aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0,
+                                                       retry=Retry(NoBackoff(), 0))
+        self.phase = "unreachable"
+        self.epoch: str | None = None
+        self.last_error = ""
+        self.replicas = 1
+        self.transitions = 0  # changes between shared and degraded enforcement
+        self.held: dict[str, str] = {}  # rid -> team
+        self.count: dict[str, int] = {}  # team -> leases held here
+        self.on_wake: Callable[[str], None] = lambda team: None
+        self.on_limits: Callable[[str, dict[str, Any]], None] = lambda team, fields: None
+        self.on_share: Callable[[float, bool], None] = lambda share, split: None
+        self._prev_replicas = 1  # membership before the last fault
+        self._since = 0.0  # when the current settling began
+        self._pending: dict[str, int] = {}  # releases not yet written
+        self._written: set[str] = set()  # teams whose lease hash may hold a count of ours
+        self._ops = 0  # lease calls in flight
+        self._registering = False
+        self._refused: dict[str, float] = {}  # team -> when a request of it was last refused
+        self._limits: dict[str, tuple[dict[str, Any], int]] = {}  # runtime limits known here
+        self._flush: asyncio.TimerHandle | None = None
+        self._kick = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._spawned: set[asyncio.Task[Any]] = set()
+        self._acquire = self.redis.register_script(lua.ACQUIRE)
+        self._release = self.redis.register_script(lua.RELEASE)
+        self._heartbeat = self.redis.register_script(lua.HEARTBEAT)
+        self._register = self.redis.register_script(lua.REGISTER)
+        self._merge = self.redis.register_script(lua.MERGE_LIMITS)
+        self._leave = self.redis.register_script(lua.LEAVE)
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    @property
+    def events(self) -> str:
+        return self._key("events")
+
+    @property
+    def degraded(self) -> bool:
+        return self.phase != "shared"
+
+    async def start(self) -> None:
+        try:
+            fresh = await self._join()
+            self._prev_replicas = self.replicas
+            self._since = time.monotonic()
+            # An empty Redis: others may hold leases they have not registered yet.
+            self._set_phase("settling" if fresh else "shared")
+        except RedisError as exc:
+            self._fault(exc)
+        self.transitions = 0
+        self._announce()
+        self._tasks = [asyncio.create_task(self._beat_loop(), name="redis-heartbeat"),
+                       asyncio.create_task(self._listen(), name="redis-events")]
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._tasks)
+        if self._flush is not None:
+            self._flush.cancel()
+        if self._spawned:
+            await asyncio.gather(*self._spawned, return_exceptions=True)
+        with contextlib.suppress(RedisError, OSError):
+            teams = sorted(self._written | set(self.count))
+            await self._leave(keys=[self._key("replicas"), *(self._key("lease", t) for t in teams)],
+                              args=[self.replica])
+        await self.redis.aclose()
+
+    # ----- leases --------------------------------------------------------------------------------
+
+    async def acquire(self, team: str, rid: str, limit: int) -> bool:
+        """Take one of ``team``'s ``limit`` slots for ``rid``. False: wait (requeue) and try again."""
+        if self.phase != "shared" and not self._within_share(team, limit):
+            self._refused[team] = time.monotonic()
+            return False
+        if self.phase == "unreachable":
+            if self._registering:  # its counts are being written: take nothing meanwhile
+                return False
+        else:
+            call = asyncio.ensure_future(self._call_acquire(team, limit, self._pending.pop(team, 0)))
+            try:
+                ok = await asyncio.shield(call)
+            except asyncio.CancelledError:
+                # The client left while the script ran: a lease it granted goes back with the next write.
+                call.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result() != 1
+                                       or self._defer_release(team))
+                raise
+            except RedisError as exc:
+                self._fault(exc)
+                self._wake_soon(team)  # decided again under this replica's share
+                return False
+            if ok == -1:
+                self._lost("Redis lost its state (restart or flush): re-registering this replica's leases")
+                self._wake_soon(team)
+                return False
+            if ok != 1:
+                self._refused[team] = time.monotonic()
+                return False
+        self.held[rid] = team
+        self.count[team] = self.count.get(team, 0) + 1
+        return True
+
+    async def release(self, team: str, rid: str) -> None:
+        if self.held.pop(rid, None) is None:
+            return
+        left = self.count.get(team, 1) - 1
+        if left > 0:
+            self.count[team] = left
+        else:
+            self.count.pop(team, None)
+        if time.monotonic() - self._refused.get(team, -1e9) < 2 * self.heartbeat_s + 1:
+            self._wake_soon(team)  # a request of this team waits here: try it now
+        if self.phase == "unreachable" and not self._registering:
+            return  # Redis gets this replica's absolute counts when it answers again
+        self._defer_release(team)
+
+    async def _call_acquire(self, team: str, limit: int, pending: int) -> int:
+        self._ops += 1
+        try:
+            ok = int(await self._acquire(
+                keys=[self._key("lease", team), self._key("wait", team), self._key("epoch"), self.events],
+                args=[limit, self.replica, self.epoch or "", pending, int(max(2.0, 2 * self.heartbeat_s) * 1000),
+                      orjson.dumps({"kind": "release", "team": team})]))
+        finally:
+            self._ops -= 1
+        self._written.add(team)
+        return ok
+
+    def _defer_release(self, team: str) -> None:
+        self._pending[team] = self._pending.get(team, 0) + 1
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._flush is None and self._pending:
+            self._flush = asyncio.get_running_loop().call_later(self.release_batch_s, self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush = None
+        if self._pending and self.phase != "unreachable":
+            batch, self._pending = self._pending, {}
+            self._spawn(self._write_releases(batch))
+
+    async def _write_releases(self, batch: dict[str, int]) -> None:
+        keys, args = [self.events], [self.replica]
+        for team, n in batch.items():
+            keys += [self._key("lease", team), self._key("wait", team)]
+            args += [n, orjson.dumps({"kind": "release", "team": team}).decode()]
+        self._ops += 1
+        try:
+            await self._release(keys=keys, args=args)
+        except RedisError as exc:
+            self._fault(exc)
+        finally:
+            self._ops -= 1
+
+    def _within_share(self, team: str, limit: int) -> bool:
+        if limit <= 0:
+            return False
+        return self.count.get(team, 0) < max(1, math.ceil(limit * self._share()))
+
+    # ----- runtime team limits -------------------------------------------------------------------
+
+    async def set_team(self, team: str, fields: dict[str, Any]) -> None:
+        """Store ``team``'s limits and tell every replica (raises when Redis is unreachable)."""
+        version = time.time_ns()
+        entry = orjson.dumps({"fields": fields, "v": version})
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self._key("teams"), team, entry)
+            pipe.publish(self.events, orjson.dumps({"kind": "limits", "team": team, "fields": fields, "v": version}))
+            await pipe.execute()
+        self._apply_limits(team, fields, version)
+
+    async def teams(self) -> dict[str, dict[str, Any]]:
+        raw = await self.redis.hgetall(self._key("teams"))
+        return {k.decode(): lua.decode_limits(v)[0] for k, v in raw.items()}
+
+    def _apply_limits(self, team: str, fields: dict[str, Any], version: int) -> None:
+        known = self._limits.get(team)
+        if known is not None and known[1] >= version and known[0] == fields:
+            return
+        if known is None or known[1] <= version:
+            self._limits[team] = (fields, version)
+            self.on_limits(team, fields)
+
+    async def _sync_limits(self, write_back: bool) -> None:
+        """After a loss, write back the runtime limits this replica knows (the newer version wins),
+        then take any newer ones another replica wrote."""
+        if write_back and self._limits:
+            pairs: list[str] = []
+            for team, (fields, version) in self._limits.items():
+                pairs += [team, orjson.dumps({"fields": fields, "v": version}).decode()]
+            if await self._merge(keys=[self._key("teams")], args=pairs):
+                log.warning("runtime team limits written back to Redis: %s", ", ".join(sorted(self._limits)))
+        for key, raw in (await self.redis.hgetall(self._key("teams"))).items():
+            fields, version = lua.decode_limits(raw)
+            self._apply_limits(key.decode(), fields, version)
+
+    def status(self) -> dict[str, Any]:
+        return {"mode": "degraded" if self.degraded else "redis", "phase": self.phase, "replicas": self.replicas,
+                "epoch": self.epoch, "leases": len(self.held), "transitions": self.transitions,
+                "error": self.last_error or None}
+
+    # ----- membership, faults ---------------------------------------------------------------------
+
+    async def _join(self) -> bool:
+        """Register this replica and the leases it holds (absolute counts); True if Redis had lost
+        its state (a new epoch), in which case the runtime limits known here are written back."""
+        self._registering = True
+        try:
+            self._pending.clear()  # absolute counts supersede releases not yet written
+            if self._flush is not None:
+                self._flush.cancel()
+                self._flush = None
+            counts = {t: self.count.get(t, 0) for t in sorted(self._written | set(self.count))}
+            candidate = uuid.uuid4().hex[:16]
+            epoch, live = await self._register(
+                keys=[self._key("replicas"), self._key("epoch"), *(self._key("lease", t) for t in counts)],
+                args=[self.replica, candidate, self.window_s, *counts.values()])
+        finally:
+            self._registering = False
+        epoch = epoch.decode()
+        self._written = {t for t, n in counts.items() if n}
+        lost = epoch != self.epoch
+        if lost and self.epoch is not None:
+            log.warning("Redis lost its state (epoch %s -> %s): this replica re-registered %d lease(s)",
+                        self.epoch, epoch, sum(counts.values()))
+        self.epoch = epoch
+        self.replicas = max(1, int(live))
+        await self._sync_limits(write_back=lost)
+        return epoch == candidate
+
+    async def _beat(self) -> None:
+        code, live = await self._heartbeat(keys=[self._key("replicas"), self._key("epoch")],
+                                           args=[self.replica, self.epoch or "", self.lease_ttl_s, self.window_s,
+                                                 self.prefix])
+        if code < 0:
+            self._lost("Redis lost its state (restart or flush)" if code == -1 else
+                       f"this replica missed its heartbeats for {self.lease_ttl_s} s and was dropped")
+            return
+        live = max(1, int(live))
+        if live != self.replicas:
+            self.replicas = live
+            self._announce()
+        if self.phase == "settling":
+            now = time.monotonic()
+            if now - self._since >= self.settle_s and (live >= self._prev_replicas
+                                                         or now - self._since >= self.lease_ttl_s):
+                self._set_phase("shared")
+                self.last_error = ""
+                log.warning("Redis is reachable again: team limits are shared across %d replica(s) again", live)
+                self._announce()
+
+    async def _beat_loop(self) -> None:
+        while True:
+            delay = self.heartbeat_s if self.phase != "unreachable" else min(0.25, self.heartbeat_s)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), delay)
+            self._kick.clear()
+            try:
+                if self.phase == "unreachable":
+                    if self._ops:  # calls from before the fault still in flight: let them end first
+                        continue
+                    await self._join()
+                    self._since = time.monotonic()
+                    self._set_phase("settling")
+                    self._announce()
+                    self._schedule_flush()  # releases made while registering
+                    for team in list(self._refused):
+                        self._wake_soon(team)
+                else:
+                    await self._beat()
+            except RedisError as exc:
+                self._fault(exc)
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.events)
+                async for message in pubsub.listen():
+                    event = orjson.loads(message["data"])
+                    if event.get("kind") == "release":
+                        self.on_wake(str(event["team"]))
+                    elif event.get("kind") == "limits":
+                        self._apply_limits(str(event["team"]), dict(event["fields"]), int(event.get("v", 0)))
+            except (RedisError, OSError) as exc:
+                self._fault(exc)
+                await asyncio.sleep(min(0.25, self.heartbeat_s))
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    def _fault(self, exc: Exception) -> None:
+        """A call failed: drop every pooled connection at once (they died together), enforce this
+        replica's share locally, and reconnect from the heartbeat loop."""
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if self.phase != "unreachable":
+            was = self.phase
+            self._to_unreachable()
+            log.error("Redis unreachable (%s): DEGRADED MODE, this replica enforces 1/%d of every team limit "
+                      "locally until Redis is back (was %s)", self.last_error, self._prev_replicas, was)
+            self._spawn(self.redis.connection_pool.disconnect(inuse_connections=True))
+            self._announce()
+        self._kick.set()
+
+    def _lost(self, reason: str) -> None:
+        self.last_error = reason
+        if self.phase != "unreachable":
+            self._to_unreachable()
+            log.error("%s: enforcing 1/%d of every team limit locally meanwhile", reason, self._prev_replicas)
+            self._announce()
+        self._kick.set()
+
+    def _to_unreachable(self) -> None:
+        if self.phase == "shared":
+            self._prev_replicas = self.replicas
+        self._set_phase("unreachable")
+
+    def _set_phase(self, phase: str) -> None:
+        if (phase == "shared") != (self.phase == "shared"):
+            self.transitions += 1
+        self.phase = phase
+
+    def _share(self) -> float:
+        if self.phase == "shared":
+            return 1.0 / self.replicas
+        return 1.0 / max(self._prev_replicas, self.replicas)
+
+    def _announce(self) -> None:
+        self.on_share(self._share(), self.degraded)
+
+    def _wake_soon(self, team: str) -> None:
+        asyncio.get_running_loop().call_soon(self.on_wake, team)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
