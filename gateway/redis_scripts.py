@@ -7,7 +7,8 @@ Keys (``P`` is the prefix, ``cachegate`` by default):
   heartbeat (``P:replicas``), so renewing every lease a replica holds is one heartbeat.
 - ``P:wait:{team}``: exists (a few seconds) while some replica has a request refused for lack of
   a team slot; a release publishes a wake-up only then.
-- ``P:replicas``: sorted set, replica id -> Redis time of its last heartbeat.
+- ``P:replicas``: sorted set, replica id -> Redis time of its last heartbeat. A replica silent
+  longer than the lease TTL is dead: the next heartbeat of another drops it and its leases.
 - ``P:epoch``: a random token written by the first replica that finds Redis empty. A flush or a
   restart without persistence loses it: every replica sees the change on its next call and
   re-registers what it holds (fencing: no lease is taken in a Redis whose epoch is not the one
@@ -22,7 +23,9 @@ import orjson
 import redis
 
 # KEYS: lease, wait, epoch, events. ARGV: limit, replica, epoch, deferred releases, wait ms, event.
-# Common path: HGETALL and, when something changes, HINCRBY.
+# Common path: HGETALL and, when something changes, HINCRBY. -> {1 granted | 0 refused | -1 other
+# epoch, the hash as read} (what the other replicas held: their excess over their share is kept
+# out of this replica's share if Redis fails).
 ACQUIRE = """
 local h = redis.call('HGETALL', KEYS[1])
 local total, e = 0, false
@@ -31,10 +34,10 @@ for i = 1, #h, 2 do
 end
 if not e then
   e = redis.call('GET', KEYS[3])
-  if e ~= ARGV[3] then return -1 end
+  if e ~= ARGV[3] then return {-1, h} end
   redis.call('HSET', KEYS[1], '~e', e)
 elseif e ~= ARGV[3] then
-  return -1
+  return {-1, h}
 end
 local p = tonumber(ARGV[4])
 local ok = total - p < tonumber(ARGV[1])
@@ -44,10 +47,10 @@ if net ~= 0 then
 end
 if not ok then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
-  return 0
+  return {0, h}
 end
 if net < 0 and redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PUBLISH', KEYS[4], ARGV[6]) end
-return 1
+return {1, h}
 """
 
 # KEYS: events, then (lease, wait) per team. ARGV: replica, then (count, event) per team.
@@ -59,14 +62,15 @@ end
 return 1
 """
 
-# KEYS: replicas, epoch. ARGV: replica, epoch, lease ttl s, membership window s, key prefix.
-# -> {1, live replicas} | {-1} epoch changed | {-2} this replica had been dropped (leases lost)
+# KEYS: replicas, epoch. ARGV: replica, epoch, lease ttl s, fresh s, key prefix.
+# -> {1, live replicas, replicas heard from within fresh s} | {-1} epoch changed | {-2} this replica
+# had been dropped (its leases with it). Replicas silent past the TTL are dropped with their leases.
 HEARTBEAT = """
 local now = redis.call('TIME')
 local t = tonumber(now[1]) + tonumber(now[2]) / 1e6
-if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {-1, 0} end
-if redis.call('ZADD', KEYS[1], t, ARGV[1]) == 1 then return {-2, 0} end
-local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', t - tonumber(ARGV[3]))
+if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {-1, 0, 0} end
+if redis.call('ZADD', KEYS[1], 'XX', 'CH', t, ARGV[1]) == 0 then return {-2, 0, 0} end
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (t - tonumber(ARGV[3])))
 if #dead > 0 then
   local cursor = '0'
   repeat
@@ -76,11 +80,12 @@ if #dead > 0 then
   until cursor == '0'
   redis.call('ZREM', KEYS[1], unpack(dead))
 end
-return {1, redis.call('ZCOUNT', KEYS[1], t - tonumber(ARGV[4]), '+inf')}
+return {1, redis.call('ZCARD', KEYS[1]), redis.call('ZCOUNT', KEYS[1], t - tonumber(ARGV[4]), '+inf')}
 """
 
-# KEYS: replicas, epoch, lease per team. ARGV: replica, candidate epoch, window s, count per team.
-# Writes what this replica holds as absolute counts, so it is right whatever Redis lost.
+# KEYS: replicas, epoch, lease per team. ARGV: replica, candidate epoch, lease ttl s, fresh s,
+# count per team. Writes what this replica holds as absolute counts, so it is right whatever Redis
+# lost. -> {epoch, live replicas, replicas heard from within fresh s}
 REGISTER = """
 local now = redis.call('TIME')
 local t = tonumber(now[1]) + tonumber(now[2]) / 1e6
@@ -91,10 +96,11 @@ if not e then
 end
 redis.call('ZADD', KEYS[1], t, ARGV[1])
 for i = 3, #KEYS do
-  local n = tonumber(ARGV[i + 1])
+  local n = tonumber(ARGV[i + 2])
   if n > 0 then redis.call('HSET', KEYS[i], ARGV[1], n, '~e', e) else redis.call('HDEL', KEYS[i], ARGV[1]) end
 end
-return {e, redis.call('ZCOUNT', KEYS[1], t - tonumber(ARGV[3]), '+inf')}
+local live = redis.call('ZCOUNT', KEYS[1], t - tonumber(ARGV[3]), '+inf')
+return {e, live, redis.call('ZCOUNT', KEYS[1], t - tonumber(ARGV[4]), '+inf')}
 """
 
 # KEYS: teams. ARGV: (team, json) pairs. Keeps the newer version of each team's runtime limits.

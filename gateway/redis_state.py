@@ -3,17 +3,22 @@
 Phases (``status()["phase"]``; ``mode`` is ``redis`` only in ``shared``):
 
 - ``shared``: team concurrency is enforced by the leases in Redis, each replica uses the whole limit.
-- ``unreachable``: the first failed call drops every pooled connection at once and the replica
-  enforces its share (``ceil(limit / replicas)``, replicas as known before the fault) locally.
+- ``unreachable``: the first failed call drops every pooled connection at once, and the replica
+  grants locally: at first only within what Redis still counts for it (others may still be
+  ``shared`` and trust that count), and once the others must have seen its heartbeat go stale
+  (``grace_s`` after its last one) within its share, ``ceil(limit / replicas)``.
 - ``settling``: Redis answers again; the replica has re-registered the leases it actually holds
   (absolute counts, in the current epoch) and takes leases through Redis, but still within its
-  share, until it has been connected for ``settle_s`` and every replica known before the fault has
-  registered again (or ``lease_ttl_s`` passed: one that has not is dead). Then ``shared``.
+  share, until it has been connected for ``settle_s``, every replica known before has registered
+  again (or ``lease_ttl_s`` passed: one that has not is dead) and none is stale. A ``shared``
+  replica that sees another's heartbeat go stale (``fresh_s``) settles too: that one may be
+  granting from its share without Redis.
 
-So a replica never uses more than its share while another may still grant from its own share
-without Redis knowing, and a fault changes the mode twice (degraded, then shared), not per
-failing connection. Releases are batched for ``release_batch_s`` (or folded into the next
-acquire of the same team): Redis may count a lease a few milliseconds too long, never too short.
+So no replica uses more than its share while another may still grant without Redis knowing (the
+one exception: a replica cut off from Redis, alone, for longer than ``lease_ttl_s`` is taken for
+dead), and a fault changes the mode twice (degraded, then shared), not once per dead connection.
+Releases are batched for ``release_batch_s`` (or ride on the next acquire of the same team):
+Redis may count a lease a few milliseconds too long, never too short.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -53,7 +57,8 @@ class RedisState:
         self.heartbeat_s = heartbeat_s
         self.release_batch_s = release_batch_s
         self.settle_s = 2 * heartbeat_s if settle_s is None else settle_s
-        self.window_s = 3 * heartbeat_s + 1  # a replica counts as live this long after its heartbeat
+        self.fresh_s = 2 * heartbeat_s  # a replica silent longer than this may be degraded
+        self.grace_s = self.fresh_s + 1.5 * heartbeat_s  # by then every other replica has seen it
         self.replica = uuid.uuid4().hex[:12]
         # No automatic retry: a script is not replayed blindly; a fault is handled once, for the pool.
         self.redis: aioredis.Redis = aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0,
@@ -69,6 +74,8 @@ class RedisState:
         self.on_limits: Callable[[str, dict[str, Any]], None] = lambda team, fields: None
         self.on_share: Callable[[float, bool], None] = lambda share, split: None
         self._prev_replicas = 1  # membership before the last fault
+        self._last_beat = 0.0  # when the last heartbeat answered
+        self._floor: dict[str, int] = {}  # team -> leases Redis counted for this replica at the fault
         self._since = 0.0  # when the current settling began
         self._pending: dict[str, int] = {}  # releases not yet written
         self._written: set[str] = set()  # teams whose lease hash may hold a count of ours
@@ -76,6 +83,9 @@ class RedisState:
         self._registering = False
         self._refused: dict[str, float] = {}  # team -> when a request of it was last refused
         self._limits: dict[str, tuple[dict[str, Any], int]] = {}  # runtime limits known here
+        self._stale = 0  # replicas registered but not heard from within fresh_s
+        self._inflight: dict[str, int] = {}  # team -> lease calls in flight
+        self._seen: dict[str, dict[str, int]] = {}  # team -> other replicas' leases when last looked
         self._flush: asyncio.TimerHandle | None = None
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -128,13 +138,16 @@ class RedisState:
 
     async def acquire(self, team: str, rid: str, limit: int) -> bool:
         """Take one of ``team``'s ``limit`` slots for ``rid``. False: wait (requeue) and try again."""
-        if self.phase != "shared" and not self._within_share(team, limit):
+        if self.phase != "shared" and self.count.get(team, 0) + self._inflight.get(team, 0) >= \
+                self._allowance(team, limit):
             self._refused[team] = time.monotonic()
             return False
         if self.phase == "unreachable":
             if self._registering:  # its counts are being written: take nothing meanwhile
                 return False
         else:
+            self._inflight[team] = self._inflight.get(team, 0) + 1
+            self._ops += 1  # counted from now: a re-registration must not run before it is answered
             call = asyncio.ensure_future(self._call_acquire(team, limit, self._pending.pop(team, 0)))
             try:
                 ok = await asyncio.shield(call)
@@ -147,6 +160,8 @@ class RedisState:
                 self._fault(exc)
                 self._wake_soon(team)  # decided again under this replica's share
                 return False
+            finally:
+                self._inflight[team] -= 1
             if ok == -1:
                 self._lost("Redis lost its state (restart or flush): re-registering this replica's leases")
                 self._wake_soon(team)
@@ -173,16 +188,17 @@ class RedisState:
         self._defer_release(team)
 
     async def _call_acquire(self, team: str, limit: int, pending: int) -> int:
-        self._ops += 1
         try:
-            ok = int(await self._acquire(
+            ok, flat = await self._acquire(
                 keys=[self._key("lease", team), self._key("wait", team), self._key("epoch"), self.events],
                 args=[limit, self.replica, self.epoch or "", pending, int(max(2.0, 2 * self.heartbeat_s) * 1000),
-                      orjson.dumps({"kind": "release", "team": team})]))
+                      orjson.dumps({"kind": "release", "team": team})])
         finally:
             self._ops -= 1
         self._written.add(team)
-        return ok
+        self._seen[team] = {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)
+                            if flat[i] != b"~e" and flat[i].decode() != self.replica}
+        return int(ok)
 
     def _defer_release(self, team: str) -> None:
         self._pending[team] = self._pending.get(team, 0) + 1
@@ -196,6 +212,7 @@ class RedisState:
         self._flush = None
         if self._pending and self.phase != "unreachable":
             batch, self._pending = self._pending, {}
+            self._ops += 1
             self._spawn(self._write_releases(batch))
 
     async def _write_releases(self, batch: dict[str, int]) -> None:
@@ -203,7 +220,6 @@ class RedisState:
         for team, n in batch.items():
             keys += [self._key("lease", team), self._key("wait", team)]
             args += [n, orjson.dumps({"kind": "release", "team": team}).decode()]
-        self._ops += 1
         try:
             await self._release(keys=keys, args=args)
         except RedisError as exc:
@@ -211,10 +227,18 @@ class RedisState:
         finally:
             self._ops -= 1
 
-    def _within_share(self, team: str, limit: int) -> bool:
+    def _allowance(self, team: str, limit: int) -> int:
+        """How many leases of ``team`` this replica may hold while not ``shared``: what Redis counted
+        for it at the fault, and (once the others must have noticed) its share of the limit less
+        what the other replicas held beyond theirs when this replica last looked."""
         if limit <= 0:
-            return False
-        return self.count.get(team, 0) < max(1, math.ceil(limit * self._share()))
+            return 0
+        floor = self._floor.get(team, 0)
+        if self.phase == "unreachable" and time.monotonic() - self._last_beat < self.grace_s:
+            return floor
+        cap = max(1, int(limit * self._share()))
+        excess = sum(max(0, n - cap) for n in self._seen.get(team, {}).values())
+        return max(floor, cap - excess)
 
     # ----- runtime team limits -------------------------------------------------------------------
 
@@ -263,7 +287,7 @@ class RedisState:
     async def _join(self) -> bool:
         """Register this replica and the leases it holds (absolute counts); True if Redis had lost
         its state (a new epoch), in which case the runtime limits known here are written back."""
-        self._registering = True
+        self._registering = True  # until the caller leaves "unreachable": no local grant Redis would miss
         try:
             self._pending.clear()  # absolute counts supersede releases not yet written
             if self._flush is not None:
@@ -271,42 +295,53 @@ class RedisState:
                 self._flush = None
             counts = {t: self.count.get(t, 0) for t in sorted(self._written | set(self.count))}
             candidate = uuid.uuid4().hex[:16]
-            epoch, live = await self._register(
+            epoch, live, fresh = await self._register(
                 keys=[self._key("replicas"), self._key("epoch"), *(self._key("lease", t) for t in counts)],
-                args=[self.replica, candidate, self.window_s, *counts.values()])
+                args=[self.replica, candidate, self.lease_ttl_s, self.fresh_s, *counts.values()])
+            epoch = epoch.decode()
+            self._written = {t for t, n in counts.items() if n}
+            lost = epoch != self.epoch
+            if lost and self.epoch is not None:
+                log.warning("Redis lost its state (epoch %s -> %s): this replica re-registered %d lease(s)",
+                            self.epoch, epoch, sum(counts.values()))
+            self.epoch = epoch
+            self.replicas = max(1, int(live))
+            self._stale = int(live) - int(fresh)
+            self._last_beat = time.monotonic()
+            await self._sync_limits(write_back=lost)
+            return epoch == candidate
         finally:
             self._registering = False
-        epoch = epoch.decode()
-        self._written = {t for t, n in counts.items() if n}
-        lost = epoch != self.epoch
-        if lost and self.epoch is not None:
-            log.warning("Redis lost its state (epoch %s -> %s): this replica re-registered %d lease(s)",
-                        self.epoch, epoch, sum(counts.values()))
-        self.epoch = epoch
-        self.replicas = max(1, int(live))
-        await self._sync_limits(write_back=lost)
-        return epoch == candidate
 
     async def _beat(self) -> None:
-        code, live = await self._heartbeat(keys=[self._key("replicas"), self._key("epoch")],
-                                           args=[self.replica, self.epoch or "", self.lease_ttl_s, self.window_s,
-                                                 self.prefix])
+        code, live, fresh = await self._heartbeat(
+            keys=[self._key("replicas"), self._key("epoch")],
+            args=[self.replica, self.epoch or "", self.lease_ttl_s, self.fresh_s, self.prefix])
         if code < 0:
             self._lost("Redis lost its state (restart or flush)" if code == -1 else
                        f"this replica missed its heartbeats for {self.lease_ttl_s} s and was dropped")
             return
+        self._last_beat = time.monotonic()
         live = max(1, int(live))
+        self._stale = live - int(fresh)
         if live != self.replicas:
             self.replicas = live
             self._announce()
-        if self.phase == "settling":
-            now = time.monotonic()
-            if now - self._since >= self.settle_s and (live >= self._prev_replicas
-                                                         or now - self._since >= self.lease_ttl_s):
-                self._set_phase("shared")
-                self.last_error = ""
-                log.warning("Redis is reachable again: team limits are shared across %d replica(s) again", live)
-                self._announce()
+        now = time.monotonic()
+        if self.phase == "shared" and self._stale > 0:
+            self._prev_replicas = live
+            self._since = now
+            self._freeze()
+            self._set_phase("settling")
+            log.warning("%d replica(s) stopped heartbeating: each replica keeps to its share of every team "
+                        "limit until they are back or dead (%.0f s)", self._stale, self.lease_ttl_s)
+            self._announce()
+        elif (self.phase == "settling" and self._stale == 0 and now - self._since >= self.settle_s
+              and (live >= self._prev_replicas or now - self._since >= self.lease_ttl_s)):
+            self._set_phase("shared")
+            self.last_error = ""
+            log.warning("team limits are shared through Redis across %d replica(s) again", live)
+            self._announce()
 
     async def _beat_loop(self) -> None:
         while True:
@@ -323,8 +358,7 @@ class RedisState:
                     self._set_phase("settling")
                     self._announce()
                     self._schedule_flush()  # releases made while registering
-                    for team in list(self._refused):
-                        self._wake_soon(team)
+                    self._wake_refused()
                 else:
                     await self._beat()
             except RedisError as exc:
@@ -372,7 +406,19 @@ class RedisState:
     def _to_unreachable(self) -> None:
         if self.phase == "shared":
             self._prev_replicas = self.replicas
+        self._freeze()
         self._set_phase("unreachable")
+        wait = self.grace_s - (time.monotonic() - self._last_beat)
+        if wait > 0:  # then each replica may use its share: try the requests refused meanwhile
+            asyncio.get_running_loop().call_later(wait, self._wake_refused)
+
+    def _freeze(self) -> None:
+        """Leaving ``shared``: remember what Redis counts for this replica (held + releases not yet written)."""
+        self._floor = {t: self.count.get(t, 0) + self._pending.get(t, 0) for t in {*self.count, *self._pending}}
+
+    def _wake_refused(self) -> None:
+        for team in list(self._refused):
+            self.on_wake(team)
 
     def _set_phase(self, phase: str) -> None:
         if (phase == "shared") != (self.phase == "shared"):
