@@ -39,6 +39,7 @@ from redis.retry import Retry
 
 from gateway import redis_scripts as lua
 from gateway.aio import cancel_and_wait
+from gateway.redis_limits import RuntimeLimits, listen
 
 log = logging.getLogger("cachegate.state")
 
@@ -72,6 +73,8 @@ class RedisState:
         self.count: dict[str, int] = {}  # team -> leases held here
         self.on_wake: Callable[[str], None] = lambda team: None
         self.on_limits: Callable[[str, dict[str, Any]], None] = lambda team, fields: None
+        self.limits = RuntimeLimits(self.redis, self._key("teams"), self.events,
+                                    lambda team, fields: self.on_limits(team, fields))
         self.on_share: Callable[[float, bool], None] = lambda share, split: None
         self._prev_replicas = 1  # membership before the last fault
         self._last_beat = 0.0  # when the last heartbeat answered
@@ -82,7 +85,6 @@ class RedisState:
         self._ops = 0  # lease calls in flight
         self._registering = False
         self._refused: dict[str, float] = {}  # team -> when a request of it was last refused
-        self._limits: dict[str, tuple[dict[str, Any], int]] = {}  # runtime limits known here
         self._stale = 0  # replicas registered but not heard from within fresh_s
         self._inflight: dict[str, int] = {}  # team -> lease calls in flight
         self._seen: dict[str, dict[str, int]] = {}  # team -> other replicas' leases when last looked
@@ -94,7 +96,6 @@ class RedisState:
         self._release = self.redis.register_script(lua.RELEASE)
         self._heartbeat = self.redis.register_script(lua.HEARTBEAT)
         self._register = self.redis.register_script(lua.REGISTER)
-        self._merge = self.redis.register_script(lua.MERGE_LIMITS)
         self._leave = self.redis.register_script(lua.LEAVE)
 
     def _key(self, *parts: str) -> str:
@@ -120,7 +121,9 @@ class RedisState:
         self.transitions = 0
         self._announce()
         self._tasks = [asyncio.create_task(self._beat_loop(), name="redis-heartbeat"),
-                       asyncio.create_task(self._listen(), name="redis-events")]
+                       asyncio.create_task(listen(self.redis, self.events, lambda team: self.on_wake(team),
+                                                  self.limits, self._fault, min(0.25, self.heartbeat_s)),
+                                           name="redis-events")]
 
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks)
@@ -240,42 +243,14 @@ class RedisState:
         excess = sum(max(0, n - cap) for n in self._seen.get(team, {}).values())
         return max(floor, cap - excess)
 
-    # ----- runtime team limits -------------------------------------------------------------------
+    # ----- runtime team limits (gateway/redis_limits.py) ----------------------------------------
 
     async def set_team(self, team: str, fields: dict[str, Any]) -> None:
         """Store ``team``'s limits and tell every replica (raises when Redis is unreachable)."""
-        version = time.time_ns()
-        entry = orjson.dumps({"fields": fields, "v": version})
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(self._key("teams"), team, entry)
-            pipe.publish(self.events, orjson.dumps({"kind": "limits", "team": team, "fields": fields, "v": version}))
-            await pipe.execute()
-        self._apply_limits(team, fields, version)
+        await self.limits.set(team, fields)
 
     async def teams(self) -> dict[str, dict[str, Any]]:
-        raw = await self.redis.hgetall(self._key("teams"))
-        return {k.decode(): lua.decode_limits(v)[0] for k, v in raw.items()}
-
-    def _apply_limits(self, team: str, fields: dict[str, Any], version: int) -> None:
-        known = self._limits.get(team)
-        if known is not None and known[1] >= version and known[0] == fields:
-            return
-        if known is None or known[1] <= version:
-            self._limits[team] = (fields, version)
-            self.on_limits(team, fields)
-
-    async def _sync_limits(self, write_back: bool) -> None:
-        """After a loss, write back the runtime limits this replica knows (the newer version wins),
-        then take any newer ones another replica wrote."""
-        if write_back and self._limits:
-            pairs: list[str] = []
-            for team, (fields, version) in self._limits.items():
-                pairs += [team, orjson.dumps({"fields": fields, "v": version}).decode()]
-            if await self._merge(keys=[self._key("teams")], args=pairs):
-                log.warning("runtime team limits written back to Redis: %s", ", ".join(sorted(self._limits)))
-        for key, raw in (await self.redis.hgetall(self._key("teams"))).items():
-            fields, version = lua.decode_limits(raw)
-            self._apply_limits(key.decode(), fields, version)
+        return await self.limits.all()
 
     def status(self) -> dict[str, Any]:
         return {"mode": "degraded" if self.degraded else "redis", "phase": self.phase, "replicas": self.replicas,
@@ -308,7 +283,7 @@ class RedisState:
             self.replicas = max(1, int(live))
             self._stale = int(live) - int(fresh)
             self._last_beat = time.monotonic()
-            await self._sync_limits(write_back=lost)
+            await self.limits.sync(write_back=lost)
             return epoch == candidate
         finally:
             self._registering = False
@@ -363,24 +338,6 @@ class RedisState:
                     await self._beat()
             except RedisError as exc:
                 self._fault(exc)
-
-    async def _listen(self) -> None:
-        while True:
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.events)
-                async for message in pubsub.listen():
-                    event = orjson.loads(message["data"])
-                    if event.get("kind") == "release":
-                        self.on_wake(str(event["team"]))
-                    elif event.get("kind") == "limits":
-                        self._apply_limits(str(event["team"]), dict(event["fields"]), int(event.get("v", 0)))
-            except (RedisError, OSError) as exc:
-                self._fault(exc)
-                await asyncio.sleep(min(0.25, self.heartbeat_s))
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
 
     def _fault(self, exc: Exception) -> None:
         """A call failed: drop every pooled connection at once (they died together), enforce this

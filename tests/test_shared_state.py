@@ -37,6 +37,7 @@ def config(path: Path, twin: str, redis_url: str | None, **team: object) -> str:
         "keys": [{"sha256": __import__("hashlib").sha256(KEY.encode()).hexdigest(), "team": "swarm"}],
         "health": {"interval_s": 0.5, "load_interval_s": 0.5},
         "lease_ttl_s": 2.0,
+        "workers": 1,  # one replica per process: the tests count replicas
         "redis_url": redis_url,
     }
     path.write_text(yaml.safe_dump(data))
