@@ -3,10 +3,9 @@
 Keys (``P`` is the prefix, ``cachegate`` by default):
 
 - ``P:lease:{team}``: hash, one field per replica holding leases of the team (value: how many),
-  plus ``~e``: the epoch the hash belongs to. A replica's leases live as long as the replica's
-  heartbeat (``P:replicas``), so renewing every lease a replica holds is one heartbeat.
-- ``P:wait:{team}``: exists (a few seconds) while some replica has a request refused for lack of
-  a team slot; a release publishes a wake-up only then.
+  plus ``~e``: the epoch the hash belongs to, and ``~w`` while some replica has a request refused
+  for lack of a slot (a release publishes a wake-up only then, and clears it). A replica's leases
+  live as long as its heartbeat (``P:replicas``): renewing all it holds is one heartbeat.
 - ``P:replicas``: sorted set, replica id -> Redis time of its last heartbeat. A replica silent
   longer than the lease TTL is dead: the next heartbeat of another drops it and its leases.
 - ``P:epoch``: a random token written by the first replica that finds Redis empty. A flush or a
@@ -22,18 +21,18 @@ from __future__ import annotations
 import orjson
 import redis
 
-# KEYS: lease, wait, epoch, events. ARGV: limit, replica, epoch, deferred releases, wait ms, event.
-# Common path: HGETALL and, when something changes, HINCRBY. -> {1 granted | 0 refused | -1 other
-# epoch, the hash as read} (what the other replicas held: their excess over their share is kept
-# out of this replica's share if Redis fails).
+# KEYS: lease, epoch, events. ARGV: limit, replica, epoch, deferred releases, event.
+# Common path: HGETALL and, when the count changes, HINCRBY. -> {1 granted | 0 refused | -1 other
+# epoch, the hash as read} (what the other replicas held: if Redis fails, their excess over their
+# share is kept out of this replica's share).
 ACQUIRE = """
 local h = redis.call('HGETALL', KEYS[1])
-local total, e = 0, false
+local total, e, w = 0, false, false
 for i = 1, #h, 2 do
-  if h[i] == '~e' then e = h[i + 1] else total = total + tonumber(h[i + 1]) end
+  if h[i] == '~e' then e = h[i + 1] elseif h[i] == '~w' then w = true else total = total + tonumber(h[i + 1]) end
 end
 if not e then
-  e = redis.call('GET', KEYS[3])
+  e = redis.call('GET', KEYS[2])
   if e ~= ARGV[3] then return {-1, h} end
   redis.call('HSET', KEYS[1], '~e', e)
 elseif e ~= ARGV[3] then
@@ -46,18 +45,23 @@ if net ~= 0 then
   if redis.call('HINCRBY', KEYS[1], ARGV[2], net) <= 0 then redis.call('HDEL', KEYS[1], ARGV[2]) end
 end
 if not ok then
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
+  if not w then redis.call('HSET', KEYS[1], '~w', '1') end
   return {0, h}
 end
-if net < 0 and redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PUBLISH', KEYS[4], ARGV[6]) end
+if net < 0 and w then
+  redis.call('HDEL', KEYS[1], '~w')
+  redis.call('PUBLISH', KEYS[3], ARGV[5])
+end
 return {1, h}
 """
 
-# KEYS: events, then (lease, wait) per team. ARGV: replica, then (count, event) per team.
+# KEYS: events, then the lease hash per team. ARGV: replica, then (count, event) per team.
+# A release wakes the waiters (and clears the mark they left) only if someone waits.
 RELEASE = """
-for i = 2, #KEYS, 2 do
-  if redis.call('HINCRBY', KEYS[i], ARGV[1], -tonumber(ARGV[i])) <= 0 then redis.call('HDEL', KEYS[i], ARGV[1]) end
-  if redis.call('EXISTS', KEYS[i + 1]) == 1 then redis.call('PUBLISH', KEYS[1], ARGV[i + 1]) end
+for i = 2, #KEYS do
+  local j = 2 * i - 2
+  if redis.call('HINCRBY', KEYS[i], ARGV[1], -tonumber(ARGV[j])) <= 0 then redis.call('HDEL', KEYS[i], ARGV[1]) end
+  if redis.call('HDEL', KEYS[i], '~w') == 1 then redis.call('PUBLISH', KEYS[1], ARGV[j + 1]) end
 end
 return 1
 """

@@ -193,14 +193,13 @@ class RedisState:
     async def _call_acquire(self, team: str, limit: int, pending: int) -> int:
         try:
             ok, flat = await self._acquire(
-                keys=[self._key("lease", team), self._key("wait", team), self._key("epoch"), self.events],
-                args=[limit, self.replica, self.epoch or "", pending, int(max(2.0, 2 * self.heartbeat_s) * 1000),
-                      orjson.dumps({"kind": "release", "team": team})])
+                keys=[self._key("lease", team), self._key("epoch"), self.events],
+                args=[limit, self.replica, self.epoch or "", pending, orjson.dumps({"kind": "release", "team": team})])
         finally:
             self._ops -= 1
         self._written.add(team)
         self._seen[team] = {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)
-                            if flat[i] != b"~e" and flat[i].decode() != self.replica}
+                            if flat[i][:1] != b"~" and flat[i].decode() != self.replica}
         return int(ok)
 
     def _defer_release(self, team: str) -> None:
@@ -221,7 +220,7 @@ class RedisState:
     async def _write_releases(self, batch: dict[str, int]) -> None:
         keys, args = [self.events], [self.replica]
         for team, n in batch.items():
-            keys += [self._key("lease", team), self._key("wait", team)]
+            keys.append(self._key("lease", team))
             args += [n, orjson.dumps({"kind": "release", "team": team}).decode()]
         try:
             await self._release(keys=keys, args=args)
