@@ -164,8 +164,23 @@ def _diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0)}
 
 
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its descendants, from /proc."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{p}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as kids:
+                    todo += [int(k) for k in kids.read().split()]
+    return total
+
+
 @contextlib.contextmanager
-def gateway(root: str, upstream: str, redis_url: str, workers: int, folder: Path) -> Iterator[int]:
+def gateway(root: str, upstream: str, redis_url: str, workers: int, folder: Path) -> Iterator[tuple[int, int]]:
     port = _free_port()
     cfg = folder / f"gw-{port}.yaml"
     cfg.write_text(yaml.safe_dump({
@@ -173,12 +188,12 @@ def gateway(root: str, upstream: str, redis_url: str, workers: int, folder: Path
         "teams": {"default": {"max_concurrency": 1000, "max_queue": 1000}}, "log_level": "warning"}))
     args = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port),
             "--workers", str(workers)]
-    with _process(args, cwd=root, ready=f"http://127.0.0.1:{port}/readyz"):
-        yield port
+    with _process(args, cwd=root, ready=f"http://127.0.0.1:{port}/readyz") as proc:
+        yield port, proc.pid
 
 
 def per_request(root: str, upstream: str, folder: Path, concurrency: int, seconds: float) -> None:
-    with _redis() as url, gateway(root, upstream, url, 1, folder) as port:
+    with _redis() as url, gateway(root, upstream, url, 1, folder) as (port, _):
         asyncio.run(load(port, concurrency, 1.0))  # warm up
         time.sleep(0.5)
         b0, t0 = calls(url), time.monotonic()
@@ -229,16 +244,23 @@ def renewal(root: str, seconds: float) -> None:
 
 def scaling(root: str, upstream: str, folder: Path, concurrency: int, seconds: float, rounds: int) -> None:
     rps: dict[int, list[float]] = {1: [], 2: []}
+    per_cpu: dict[int, list[float]] = {1: [], 2: []}
     with _redis() as url:
         for _ in range(rounds):
             for workers in (1, 2):
-                with gateway(root, upstream, url, workers, folder) as port:
+                with gateway(root, upstream, url, workers, folder) as (port, pid):
                     asyncio.run(load(port, concurrency, 1.5))  # warm up every worker
-                    rps[workers].append(asyncio.run(load(port, concurrency, seconds)) / seconds)
+                    cpu0 = _tree_cpu(pid)
+                    done = asyncio.run(load(port, concurrency, seconds))
+                    rps[workers].append(done / seconds)
+                    per_cpu[workers].append(done / max(1e-9, _tree_cpu(pid) - cpu0))
     one, two = sum(rps[1]) / rounds, sum(rps[2]) / rounds
+    eff1, eff2 = sum(per_cpu[1]) / rounds, sum(per_cpu[2]) / rounds
     print(f"3. Requests/s with Redis, {concurrency} connections, {seconds:.0f} s per run, alternated: "
           f"1 worker {' '.join(f'{r:.0f}' for r in rps[1])}; 2 workers {' '.join(f'{r:.0f}' for r in rps[2])}; "
           f"2 workers / 1 worker = {two / one:.2f}")
+    print(f"   requests per gateway CPU-second: 1 worker {eff1:.0f}, 2 workers {eff2:.0f} "
+          f"(on two free cores, 2 workers would serve {2 * eff2 / eff1:.2f}x one worker on one)")
 
 
 def main() -> None:
