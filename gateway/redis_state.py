@@ -337,6 +337,7 @@ class RedisState:
                     await self._beat()
             except RedisError as exc:
                 self._fault(exc)
+                self._kick.clear()  # retry after the delay, not at once: Redis is down
 
     def _fault(self, exc: Exception) -> None:
         """A call failed: drop every pooled connection at once (they died together), enforce this
