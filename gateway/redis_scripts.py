@@ -6,6 +6,7 @@ Keys (``P`` is the prefix, ``cachegate`` by default):
   plus ``~e``: the epoch the hash belongs to, and ``~w`` while some replica has a request refused
   for lack of a slot (a release publishes a wake-up only then, and clears it). A replica's leases
   live as long as its heartbeat (``P:replicas``): renewing all it holds is one heartbeat.
+- ``P:leases``: set of the lease hashes (where a dead replica's counts are dropped from).
 - ``P:replicas``: sorted set, replica id -> Redis time of its last heartbeat. A replica silent
   longer than the lease TTL is dead: the next heartbeat of another drops it and its leases.
 - ``P:epoch``: a random token written by the first replica that finds Redis empty. A flush or a
@@ -21,7 +22,7 @@ from __future__ import annotations
 import orjson
 import redis
 
-# KEYS: lease, epoch, events. ARGV: limit, replica, epoch, deferred releases, event.
+# KEYS: lease, epoch, events, lease index. ARGV: limit, replica, epoch, deferred releases, event.
 # Common path: HGETALL and, when the count changes, HINCRBY. -> {1 granted | 0 refused | -1 other
 # epoch, the hash as read} (what the other replicas held: if Redis fails, their excess over their
 # share is kept out of this replica's share).
@@ -35,6 +36,7 @@ if not e then
   e = redis.call('GET', KEYS[2])
   if e ~= ARGV[3] then return {-1, h} end
   redis.call('HSET', KEYS[1], '~e', e)
+  redis.call('SADD', KEYS[4], KEYS[1])
 elseif e ~= ARGV[3] then
   return {-1, h}
 end
@@ -66,7 +68,7 @@ end
 return 1
 """
 
-# KEYS: replicas, epoch. ARGV: replica, epoch, lease ttl s, fresh s, key prefix.
+# KEYS: replicas, epoch, lease index. ARGV: replica, epoch, lease ttl s, fresh s.
 # -> {1, live replicas, replicas heard from within fresh s} | {-1} epoch changed | {-2} this replica
 # had been dropped (its leases with it). Replicas silent past the TTL are dropped with their leases.
 HEARTBEAT = """
@@ -76,18 +78,13 @@ if redis.call('GET', KEYS[2]) ~= ARGV[2] then return {-1, 0, 0} end
 if redis.call('ZADD', KEYS[1], 'XX', 'CH', t, ARGV[1]) == 0 then return {-2, 0, 0} end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (t - tonumber(ARGV[3])))
 if #dead > 0 then
-  local cursor = '0'
-  repeat
-    local r = redis.call('SCAN', cursor, 'MATCH', ARGV[5] .. ':lease:*', 'COUNT', 1000)
-    cursor = r[1]
-    for _, k in ipairs(r[2]) do redis.call('HDEL', k, unpack(dead)) end
-  until cursor == '0'
+  for _, k in ipairs(redis.call('SMEMBERS', KEYS[3])) do redis.call('HDEL', k, unpack(dead)) end
   redis.call('ZREM', KEYS[1], unpack(dead))
 end
 return {1, redis.call('ZCARD', KEYS[1]), redis.call('ZCOUNT', KEYS[1], t - tonumber(ARGV[4]), '+inf')}
 """
 
-# KEYS: replicas, epoch, lease per team. ARGV: replica, candidate epoch, lease ttl s, fresh s,
+# KEYS: replicas, epoch, lease index, lease per team. ARGV: replica, candidate epoch, lease ttl s, fresh s,
 # count per team. Writes what this replica holds as absolute counts, so it is right whatever Redis
 # lost. -> {epoch, live replicas, replicas heard from within fresh s}
 REGISTER = """
@@ -99,9 +96,14 @@ if not e then
   redis.call('SET', KEYS[2], e)
 end
 redis.call('ZADD', KEYS[1], t, ARGV[1])
-for i = 3, #KEYS do
-  local n = tonumber(ARGV[i + 2])
-  if n > 0 then redis.call('HSET', KEYS[i], ARGV[1], n, '~e', e) else redis.call('HDEL', KEYS[i], ARGV[1]) end
+for i = 4, #KEYS do
+  local n = tonumber(ARGV[i + 1])
+  if n > 0 then
+    redis.call('HSET', KEYS[i], ARGV[1], n, '~e', e)
+    redis.call('SADD', KEYS[3], KEYS[i])
+  else
+    redis.call('HDEL', KEYS[i], ARGV[1])
+  end
 end
 local live = redis.call('ZCOUNT', KEYS[1], t - tonumber(ARGV[3]), '+inf')
 return {e, live, redis.call('ZCOUNT', KEYS[1], t - tonumber(ARGV[4]), '+inf')}

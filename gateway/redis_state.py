@@ -45,8 +45,7 @@ log = logging.getLogger("cachegate.state")
 
 
 class RedisState:
-    """The shared-state interface of ``MemoryState`` (acquire, release, set_team, teams, status,
-    on_wake, on_limits, on_share), served from Redis."""
+    """``MemoryState``'s interface (acquire, release, set_team, teams, status, on_*), served from Redis."""
 
     shared = True
 
@@ -193,7 +192,7 @@ class RedisState:
     async def _call_acquire(self, team: str, limit: int, pending: int) -> int:
         try:
             ok, flat = await self._acquire(
-                keys=[self._key("lease", team), self._key("epoch"), self.events],
+                keys=[self._key("lease", team), self._key("epoch"), self.events, self._key("leases")],
                 args=[limit, self.replica, self.epoch or "", pending, orjson.dumps({"kind": "release", "team": team})])
         finally:
             self._ops -= 1
@@ -270,7 +269,8 @@ class RedisState:
             counts = {t: self.count.get(t, 0) for t in sorted(self._written | set(self.count))}
             candidate = uuid.uuid4().hex[:16]
             epoch, live, fresh = await self._register(
-                keys=[self._key("replicas"), self._key("epoch"), *(self._key("lease", t) for t in counts)],
+                keys=[self._key("replicas"), self._key("epoch"), self._key("leases"),
+                      *(self._key("lease", t) for t in counts)],
                 args=[self.replica, candidate, self.lease_ttl_s, self.fresh_s, *counts.values()])
             epoch = epoch.decode()
             self._written = {t for t, n in counts.items() if n}
@@ -289,8 +289,8 @@ class RedisState:
 
     async def _beat(self) -> None:
         code, live, fresh = await self._heartbeat(
-            keys=[self._key("replicas"), self._key("epoch")],
-            args=[self.replica, self.epoch or "", self.lease_ttl_s, self.fresh_s, self.prefix])
+            keys=[self._key("replicas"), self._key("epoch"), self._key("leases")],
+            args=[self.replica, self.epoch or "", self.lease_ttl_s, self.fresh_s])
         if code < 0:
             self._lost("Redis lost its state (restart or flush)" if code == -1 else
                        f"this replica missed its heartbeats for {self.lease_ttl_s} s and was dropped")
