@@ -10,9 +10,9 @@ process) and ``cachegate serve --redis-url`` against it, then prints:
    every command, including those run inside Lua scripts, and the script calls (round trips).
 2. Renewal traffic: commands per second of one replica holding 10 and then 1,000 leases, idle.
 3. Requests per second with 1 and 2 workers, alternated ``--rounds`` times, and their ratio.
-4. Peak leases in use against the team limit while two replicas (two ``RedisState`` objects, one
-   event loop, so the count is exact) grant concurrently through ``--faults`` Redis faults
-   (restarts without persistence and ``FLUSHALL``, alternated), holds of 50-400 ms.
+4. Through ``--faults`` Redis faults (restarts without persistence and ``FLUSHALL``): the peak of
+   leases in use against the team limit (``loadtest/bench_redis_faults.py``), in process (two
+   ``RedisState`` objects) and live (two gateway processes; requests at once at a twin).
 
 ``--root DIR`` runs the gateway (and imports ``gateway.state``) from another checkout, e.g. the
 code before a change, so a before/after comparison is two runs of this same script.
@@ -266,95 +266,6 @@ def scaling(root: str, upstream: str, folder: Path, concurrency: int, seconds: f
           f"(on two free cores, 2 workers would serve {2 * eff2 / eff1:.2f}x one worker on one)")
 
 
-class _Server:
-    """A redis-server on a fixed port that can be stopped and started again (empty: no persistence)."""
-
-    def __init__(self) -> None:
-        self.port, self.dir = _free_port(), tempfile.mkdtemp(prefix="cg-bench-redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", self.dir],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(200):
-            with contextlib.suppress(redis.RedisError):
-                if redis.Redis(port=self.port, socket_connect_timeout=0.2).ping():
-                    return
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-
-def faults(root: str, count: int, limit: int = 4) -> None:
-    sys.path.insert(0, root)
-    import random
-
-    from gateway.state import RedisState
-
-    server = _Server()
-    server.start()
-    stats = {"live": 0, "peak": 0, "grants": 0}
-    stopping = False
-
-    async def worker(state: RedisState, n: int) -> None:
-        i = 0
-        while not stopping:
-            rid = f"{state.replica}-{n}-{i}"
-            i += 1
-            if not await state.acquire("t", rid, limit):
-                await asyncio.sleep(0.005)
-                continue
-            stats["live"] += 1
-            stats["grants"] += 1
-            stats["peak"] = max(stats["peak"], stats["live"])
-            await asyncio.sleep(random.uniform(0.05, 0.4))
-            stats["live"] -= 1
-            await state.release("t", rid)
-
-    async def run() -> tuple[float, int]:
-        nonlocal stopping
-        url = f"redis://127.0.0.1:{server.port}/0"
-        states = [RedisState(url, lease_ttl_s=2.0, heartbeat_s=0.25) for _ in range(2)]
-        for st in states:
-            await st.start()
-        tasks = [asyncio.create_task(worker(st, n)) for st in states for n in range(6)]
-        recover: list[float] = []
-        for k in range(count):
-            await asyncio.sleep(1.0)
-            t0 = time.monotonic()
-            if k % 2 == 0:
-                server.stop()
-                await asyncio.sleep(0.3)
-                server.start()
-            else:
-                redis.Redis(port=server.port).flushall()
-            shared = lambda: [st.status()["mode"] == "redis" for st in states]  # noqa: E731
-            while any(shared()) and time.monotonic() - t0 < 3:
-                await asyncio.sleep(0.01)
-            while not all(shared()) and time.monotonic() - t0 < 30:
-                await asyncio.sleep(0.01)
-            recover.append(time.monotonic() - t0)
-        stopping = True
-        await asyncio.gather(*tasks)
-        changes = sum(getattr(st, "transitions", -1) for st in states)
-        for st in states:
-            await st.stop()
-        return max(recover), changes
-
-    try:
-        worst, changes = asyncio.run(run())
-    finally:
-        server.stop()
-        shutil.rmtree(server.dir, ignore_errors=True)
-    print(f"4. {count} Redis faults ({(count + 1) // 2} restarts, {count // 2} flushes), 2 replicas x 6 workers, "
-          f"holds 50-400 ms: peak {stats['peak']} leases in use, limit {limit}; {stats['grants']} grants; "
-          f"back to shared within {worst:.1f} s; {changes} mode changes in all (2 per fault per replica: "
-          f"{4 * count})")
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -363,14 +274,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--root", default=str(Path(__file__).resolve().parent.parent))
     parser.add_argument("--faults", type=int, default=10)
-    parser.add_argument("--only", choices=["commands", "renewal", "scaling", "faults"], action="append")
+    parser.add_argument("--only", choices=["commands", "renewal", "scaling", "faults", "live"], action="append")
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
         serve_upstream(args.serve_upstream)
         return
+    from loadtest.bench_redis_faults import faults, live  # not needed by the upstream process
+
     root = str(Path(args.root).resolve())
-    only = set(args.only or ["commands", "renewal", "scaling", "faults"])
+    only = set(args.only or ["commands", "renewal", "scaling", "faults", "live"])
     print(f"gateway code from {root}; {os.cpu_count()} cores; instant upstream; private redis-server")
     up_port = _free_port()
     upstream = f"http://127.0.0.1:{up_port}"
@@ -384,6 +297,8 @@ def main() -> None:
             scaling(root, upstream, Path(tmp), args.concurrency, args.seconds, args.rounds)
     if "faults" in only:
         faults(root, args.faults)
+    if "live" in only:
+        live(root, args.faults)
 
 
 if __name__ == "__main__":
