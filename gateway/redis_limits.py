@@ -46,7 +46,7 @@ class RuntimeLimits:
 
     async def all(self) -> dict[str, dict[str, Any]]:
         raw = await self.redis.hgetall(self.key)
-        return {k.decode(): lua.decode_limits(v)[0] for k, v in raw.items()}
+        return {lua.text(k): lua.decode_limits(v)[0] for k, v in raw.items()}
 
     def apply(self, team: str, fields: dict[str, Any], version: int) -> None:
         """A change seen (event, read, own): applied unless an equal or newer one is known."""
@@ -65,9 +65,9 @@ class RuntimeLimits:
                 pairs += [team, orjson.dumps({"fields": fields, "v": version}).decode()]
             if await self._merge(keys=[self.key], args=pairs):
                 log.warning("runtime team limits written back to Redis: %s", ", ".join(sorted(self.known)))
-        for team, raw in (await self.redis.hgetall(self.key)).items():
+        for name, raw in (await self.redis.hgetall(self.key)).items():
             fields, version = lua.decode_limits(raw)
-            self.apply(team.decode(), fields, version)
+            self.apply(lua.text(name), fields, version)
 
 
 async def listen(redis: aioredis.Redis, channel: str, on_wake: Callable[[str], None], limits: RuntimeLimits,

@@ -132,7 +132,12 @@ return 1
 """
 
 
-def decode_limits(raw: bytes) -> tuple[dict[str, object], int]:
+def text(value: bytes | str) -> str:
+    """A Redis reply as text (redis-py answers bytes unless told to decode)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def decode_limits(raw: bytes | str) -> tuple[dict[str, object], int]:
     """A stored team entry: ``(fields, version)``; entries written before versions count as 0."""
     data = orjson.loads(raw)
     if isinstance(data, dict) and "fields" in data and "v" in data:
@@ -143,16 +148,16 @@ def decode_limits(raw: bytes) -> tuple[dict[str, object], int]:
 def live_leases(url: str, prefix: str = "cachegate", ttl_s: float = 10.0) -> dict[str, int]:
     """Leases held per team by live replicas (heartbeat within ``ttl_s``): for tests and the chaos
     suite ("leases left at the end"). Synchronous; opens and closes its own connection."""
-    client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0, decode_responses=True)
     try:
         sec, usec = client.time()
         now = sec + usec / 1e6
-        live = {m.decode() for m in client.zrangebyscore(f"{prefix}:replicas", now - ttl_s, "+inf")}
+        live = set(client.zrangebyscore(f"{prefix}:replicas", now - ttl_s, "+inf"))
         out: dict[str, int] = {}
         for key in client.scan_iter(match=f"{prefix}:lease:*", count=1000):
-            team = key.decode()[len(prefix) + len(":lease:"):]
-            fields = client.hgetall(key)
-            count = sum(int(v) for k, v in fields.items() if k.decode() in live)
+            team = str(key)[len(prefix) + len(":lease:"):]
+            fields: dict[str, str] = client.hgetall(key)  # type: ignore[assignment]
+            count = sum(int(v) for k, v in fields.items() if k in live)
             if count:
                 out[team] = count
         return out

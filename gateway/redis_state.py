@@ -2,23 +2,19 @@
 
 Phases (``status()["phase"]``; ``mode`` is ``redis`` only in ``shared``):
 
-- ``shared``: team concurrency is enforced by the leases in Redis, each replica uses the whole limit.
-- ``unreachable``: the first failed call drops every pooled connection at once, and the replica
-  grants locally: at first only within what Redis still counts for it (others may still be
-  ``shared`` and trust that count), and once the others must have seen its heartbeat go stale
-  (``grace_s`` after its last one) within its share, ``ceil(limit / replicas)``.
-- ``settling``: Redis answers again; the replica has re-registered the leases it actually holds
-  (absolute counts, in the current epoch) and takes leases through Redis, but still within its
-  share, until it has been connected for ``settle_s``, every replica known before has registered
-  again (or ``lease_ttl_s`` passed: one that has not is dead) and none is stale. A ``shared``
-  replica that sees another's heartbeat go stale (``fresh_s``) settles too: that one may be
-  granting from its share without Redis.
+- ``shared``: the leases in Redis enforce team concurrency; each replica may use the whole limit.
+- ``unreachable``: the first failed call drops every pooled connection at once; the replica grants
+  locally, first only within what Redis still counts for it (others may still be ``shared``), and
+  ``grace_s`` after its last heartbeat (the others have seen it go stale) within its share,
+  ``floor(limit / replicas)`` less the others' excess over theirs (``_allowance``).
+- ``settling``: Redis answers; the replica has re-registered what it holds (absolute counts, in
+  the current epoch) and takes leases through Redis, still within that share, until connected for
+  ``settle_s``, every replica known before has registered again (or ``lease_ttl_s`` passed) and
+  none is stale. A ``shared`` replica that sees another's heartbeat go stale settles too.
 
-So no replica uses more than its share while another may still grant without Redis knowing (the
-one exception: a replica cut off from Redis, alone, for longer than ``lease_ttl_s`` is taken for
-dead), and a fault changes the mode twice (degraded, then shared), not once per dead connection.
-Releases are batched for ``release_batch_s`` (or ride on the next acquire of the same team):
-Redis may count a lease a few milliseconds too long, never too short.
+A fault thus changes the mode twice, not once per dead connection (docs/architecture.md, "Shared
+state through Redis"). Releases are batched for ``release_batch_s`` or ride on the next acquire
+of the same team: Redis may count a lease a few milliseconds too long, never too short.
 """
 
 from __future__ import annotations
@@ -155,8 +151,7 @@ class RedisState:
                 ok = await asyncio.shield(call)
             except asyncio.CancelledError:
                 # The client left while the script ran: a lease it granted goes back with the next write.
-                call.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result() != 1
-                                       or self._defer_release(team))
+                call.add_done_callback(lambda f: self._give_back(f, team))
                 raise
             except RedisError as exc:
                 self._fault(exc)
@@ -201,6 +196,10 @@ class RedisState:
                             if flat[i][:1] != b"~" and flat[i].decode() != self.replica}
         return int(ok)
 
+    def _give_back(self, call: asyncio.Future[int], team: str) -> None:
+        if not call.cancelled() and call.exception() is None and call.result() == 1:
+            self._defer_release(team)
+
     def _defer_release(self, team: str) -> None:
         self._pending[team] = self._pending.get(team, 0) + 1
         self._schedule_flush()
@@ -217,7 +216,8 @@ class RedisState:
             self._spawn(self._write_releases(batch))
 
     async def _write_releases(self, batch: dict[str, int]) -> None:
-        keys, args = [self.events], [self.replica]
+        keys: list[str] = [self.events]
+        args: list[str | int] = [self.replica]
         for team, n in batch.items():
             keys.append(self._key("lease", team))
             args += [n, orjson.dumps({"kind": "release", "team": team}).decode()]

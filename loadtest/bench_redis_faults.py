@@ -89,12 +89,12 @@ def faults(root: str, count: int, limit: int = 4) -> None:
         for k in range(count):
             await asyncio.sleep(1.0)
             t0 = time.monotonic()
-            if k % 2 == 0:
-                server.stop()
+            if k % 2 == 0:  # in threads: the replicas' event loop must not stall
+                await asyncio.to_thread(server.stop)
                 await asyncio.sleep(0.3)
-                server.start()
+                await asyncio.to_thread(server.start)
             else:
-                redis.Redis(port=server.port).flushall()
+                await asyncio.to_thread(lambda: redis.Redis(port=server.port).flushall())
             shared = lambda: [st.status()["mode"] == "redis" for st in states]  # noqa: E731
             while any(shared()) and time.monotonic() - t0 < 3:
                 await asyncio.sleep(0.01)
