@@ -25,7 +25,8 @@ def serve(
     api_key: list[str] = typer.Option([], "--api-key", help="KEY or KEY=TEAM (repeatable)."),
     host: str | None = typer.Option(None, "--host", help="Listen address (default 127.0.0.1)."),
     port: int | None = typer.Option(None, "--port", help="Listen port (default 8080)."),
-    workers: int | None = typer.Option(None, "--workers", help="Worker processes (more than one needs Redis)."),
+    workers: int | None = typer.Option(
+        None, "--workers", help="Worker processes (default: one per core with Redis, else 1; several need Redis)."),
     redis_url: str | None = typer.Option(None, "--redis-url", help="Redis URL for shared state."),
     policy: str | None = typer.Option(
         None, "--policy", help="Policy stack: gateway (default), direct, round-robin, least-load, sglang-cache-aware."),

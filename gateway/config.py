@@ -128,7 +128,8 @@ class Config(_Strict):
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
-    workers: int = Field(1, ge=1)
+    workers: int | None = Field(None, ge=1)
+    """Worker processes; unset: one per core available to the process with ``redis_url``, else 1."""
     log_level: str = "info"
     aliases: dict[str, str] = Field(default_factory=dict)
     """Client model names or glob patterns (``claude-*``, ``gpt-*``) → a model of ``models``; exact
@@ -187,6 +188,13 @@ class Config(_Strict):
             if any(c in pattern for c in "*?[") and fnmatch.fnmatchcase(name, pattern):
                 return target
         return None
+
+    def worker_count(self) -> int:
+        """``workers``, or its default: one worker per core when Redis is configured (the workers of a
+        replica share team limits through it), one otherwise."""
+        if self.workers:
+            return self.workers
+        return len(os.sched_getaffinity(0)) if self.redis_url else 1
 
     def upstream_model(self, alias: str) -> str:
         return self.models[alias].upstream_model or alias

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 import yaml
 
 from backends.sim.testing import run_twin, twin_of
+from gateway.redis_scripts import live_leases
 from tests.conftest import RedisServer
 from tests.harness import run_gateway
 
@@ -37,6 +37,7 @@ def config(path: Path, twin: str, redis_url: str | None, **team: object) -> str:
         "keys": [{"sha256": __import__("hashlib").sha256(KEY.encode()).hexdigest(), "team": "swarm"}],
         "health": {"interval_s": 0.5, "load_interval_s": 0.5},
         "lease_ttl_s": 2.0,
+        "workers": 1,  # one replica per process: the tests count replicas
         "redis_url": redis_url,
     }
     path.write_text(yaml.safe_dump(data))
@@ -67,7 +68,7 @@ def test_team_limit_holds_across_two_gateways(twin: str, redis_url: str, tmp_pat
     assert statuses == [200] * 20
     seen = twin_of(twin).max_live
     assert 3 <= seen <= 4, f"the backend saw {seen} requests at once; the team limit is 4"
-    assert not redis.Redis.from_url(redis_url).keys("cachegate:lease:*"), "no lease is left behind"
+    assert live_leases(redis_url) == {}, "no lease is left behind"
 
 
 @pytest.mark.slow  # > 5 s here
@@ -79,9 +80,8 @@ def test_slots_of_a_killed_gateway_come_back_within_the_lease_ttl(twin: str, red
         holders = [threading.Thread(target=lambda i=i: _quiet(stream, a, i, 3000), daemon=True) for i in range(4)]
         for t in holders:
             t.start()
-        client = redis.Redis.from_url(redis_url)
         deadline = time.monotonic() + 10
-        while client.zcard("cachegate:lease:swarm") < 4:
+        while live_leases(redis_url).get("swarm", 0) < 4:
             assert time.monotonic() < deadline, "gateway A never took the team's 4 slots"
             time.sleep(0.05)
         os.kill(a.pid, signal.SIGKILL)
@@ -131,7 +131,7 @@ def test_redis_outage_degrades_and_recovers_without_failures(twin: str, redis_se
         for t in threads:
             t.join(30)
         deadline = time.monotonic() + 3.5  # at worst a lease expires with its TTL (2 s)
-        while redis_server.client().keys("cachegate:lease:*"):
+        while live_leases(redis_server.url, ttl_s=2.0):
             assert time.monotonic() < deadline, "a lease was left behind"
             time.sleep(0.1)
     assert "degraded" in modes and degraded_metric
@@ -198,3 +198,67 @@ def test_without_redis_each_replica_enforces_its_share(twin: str, redis_server: 
         assert statuses == [200] * 16, "requests are served without Redis"
         seen = twin_of(twin).max_live
         assert 2 <= seen <= 4, f"two replicas with half of the limit of 4 each let {seen} through at once"
+
+
+def test_two_gateways_hold_the_limit_across_redis_restarts_and_a_flush(twin: str, redis_server: RedisServer,
+                                                                     tmp_path: Path) -> None:
+    cfg = config(tmp_path / "c.yaml", twin, redis_server.url)
+    results: list[int] = []
+    stop = threading.Event()
+    with run_gateway("--config", cfg) as a, run_gateway("--config", cfg) as b:
+        for base in (a, b):
+            deadline = time.monotonic() + 8
+            while httpx.get(base + "/readyz").json()["state"]["mode"] != "redis":
+                assert time.monotonic() < deadline, "a replica never reached shared mode"
+                time.sleep(0.1)
+
+        def load(worker: int) -> None:
+            i = 0
+            while not stop.is_set():
+                results.append(stream(a if worker % 2 else b, worker * 1000 + i, max_tokens=8))
+                i += 1
+
+        twin_of(twin).max_live = 0
+        threads = [threading.Thread(target=load, args=(w,)) for w in range(10)]
+        for t in threads:
+            t.start()
+        for fault in ("restart", "flush", "restart"):
+            time.sleep(1.5)
+            if fault == "restart":
+                redis_server.stop()
+                time.sleep(0.5)
+                redis_server.start()
+            else:
+                redis_server.client().flushall()
+            for base in (a, b):
+                deadline = time.monotonic() + 10
+                while httpx.get(base + "/readyz").json()["state"]["mode"] != "redis":
+                    assert time.monotonic() < deadline, f"a replica never came back after the {fault}"
+                    time.sleep(0.1)
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join(60)
+        transitions = [httpx.get(base + "/readyz").json()["state"]["transitions"] for base in (a, b)]
+    seen = twin_of(twin).max_live
+    assert results and set(results) == {200}, f"requests failed: {sorted(set(results))}"
+    assert seen <= 4, f"the backend saw {seen} requests of the team at once; its limit is 4"
+    assert all(t <= 2 * 3 + 1 for t in transitions), f"mode changes per replica over 3 faults: {transitions}"
+
+
+def test_runtime_limits_survive_a_redis_restart(twin: str, redis_server: RedisServer, tmp_path: Path) -> None:
+    cfg = config(tmp_path / "c.yaml", twin, redis_server.url)
+    env = {"CACHEGATE_ADMIN_TOKEN": ADMIN}
+    auth = {"authorization": f"Bearer {ADMIN}"}
+    with run_gateway("--config", cfg, env=env) as a:
+        put = httpx.put(a + "/admin/teams/swarm", json={"max_concurrency": 2}, headers=auth)
+        assert put.status_code == 200
+        redis_server.stop()
+        redis_server.start()  # empty: the private server keeps nothing on disk
+        deadline = time.monotonic() + 10
+        while httpx.get(a + "/readyz").json()["state"]["mode"] != "redis":
+            assert time.monotonic() < deadline, "never back to shared mode"
+            time.sleep(0.1)
+        with run_gateway("--config", cfg, env=env) as c:  # started after the restart: reads Redis
+            limits = httpx.get(c + "/admin/teams/swarm", headers=auth).json()["limits"]
+    assert limits["max_concurrency"] == 2, f"a replica started after the restart sees {limits}"
