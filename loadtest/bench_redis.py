@@ -25,18 +25,18 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import orjson
 import redis
 import yaml
+
+from loadtest.procs import free_port as _free_port
+from loadtest.procs import process as _process
 
 MODEL = "bench-model"
 _JSON = orjson.dumps({"id": "b", "object": "chat.completion", "created": 1, "model": MODEL,
@@ -108,36 +108,6 @@ async def load(port: int, concurrency: int, seconds: float) -> int:
 
     await asyncio.gather(*(one() for _ in range(concurrency)))
     return done
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(url)
-
-
-@contextlib.contextmanager
-def _process(args: list[str], cwd: str | None = None, ready: str | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        if ready:
-            _wait(ready)
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        proc.wait(15)
 
 
 @contextlib.contextmanager

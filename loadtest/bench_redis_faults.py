@@ -26,7 +26,8 @@ import httpx
 import redis
 import yaml
 
-from loadtest.bench_redis import _free_port, _process
+from loadtest.procs import free_port as _free_port
+from loadtest.procs import process as _process
 
 
 class _Server:
