@@ -13,6 +13,7 @@ NAMES = [
     "b300-tp8-fp8",
     "b300-tp8-fp8-hicache",
     "b300-dp8-fp8",
+    "b300-dp8-fp8-cp",
     "gb10x16-tp4pp4-fp8",
     "gb10x16-tp16-fp8",
     "tiny",
@@ -56,8 +57,11 @@ def test_b300_profiles_share_compute_and_differ_only_where_physics_does() -> Non
     dp = get_profile("b300-dp8-fp8")
     assert dp.dp_size == 8 and dp.k_kv == fp8.k_kv  # per rank, over that rank's own Σctx
     assert dp.k_attn == pytest.approx(8 * fp8.k_attn)  # all heads of a request on one GPU
-    for p in (bf16, fp8, hi, dp):
-        assert (p.context_length, p.chunked_prefill_size) == (262144, 16384)
+    for p in (bf16, fp8, hi):
+        assert (p.context_length, p.chunked_prefill_size, p.init_new_token_ratio) == (262144, 16384, 0.7)
+    # SGLang handle_data_parallelism: chunk // dp_size, schedule_conservativeness × 0.3
+    assert (dp.context_length, dp.chunked_prefill_size) == (262144, 16384 // 8)
+    assert dp.init_new_token_ratio == pytest.approx(0.7 * 0.3)
 
 
 def test_constants_are_derived_from_the_stated_utilisation() -> None:
