@@ -37,6 +37,7 @@ class Backend:
     last_error: str = ""
     max_total_num_tokens: int = 0
     reported_dp_size: int | None = None
+    max_running_requests: int = 0
     running: int = 0
     waiting: int = 0
     token_usage: float = 0.0
@@ -71,7 +72,8 @@ class Backend:
 
     def view(self) -> BackendView:
         return BackendView(self.name, self.healthy, self.max_total_num_tokens, self.dp_size,
-                           self.running, self.waiting, self.token_usage)
+                           self.running, self.waiting, self.token_usage,
+                           max_running_requests=self.max_running_requests)
 
 
 Listener = Callable[[str, list[BackendView]], None]
@@ -154,6 +156,7 @@ class BackendPool:
         try:
             info = (await self._get(backend, "/get_server_info")).json()
             backend.max_total_num_tokens = int(info.get("max_total_num_tokens") or 0)
+            backend.max_running_requests = int(info.get("max_running_requests") or 0)  # per DP rank: a seat budget
             dp = info.get("dp_size")
             backend.reported_dp_size = int(dp) if dp else None
             if backend.reported_dp_size and backend.dp_size not in (1, backend.reported_dp_size):

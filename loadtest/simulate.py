@@ -195,7 +195,8 @@ class Simulator:
                 name=name, healthy=True, kv_tokens=e.max_total_num_tokens, dp_size=e.dp_size,
                 running=sum(r.num_running_reqs for r in loads),
                 waiting=sum(r.num_waiting_reqs for r in loads),
-                token_usage=sum(r.token_usage for r in loads) / max(1, len(loads))))
+                token_usage=sum(r.token_usage for r in loads) / max(1, len(loads)),
+                **_tier_fields(e)))
         return views
 
     # -- requests -------------------------------------------------------------------------------
@@ -305,6 +306,16 @@ class Simulator:
             slot.turn = 0
             slot.chain = PromptChain()
         self._push(now + slot.conv.turns[slot.turn].think_s, _SEND, slot)
+
+
+def _tier_fields(engine: EngineLike) -> dict[str, Any]:
+    """What a live backend's ``/get_server_info`` reports about its running cap and host tier."""
+    profile = getattr(engine, "profile", None)
+    if profile is None or getattr(engine, "unbounded", False):
+        return {}
+    return {"max_running_requests": int(profile.max_running_requests),
+            "host_tokens": int(profile.host_tier_tokens),
+            "reload_tokens_per_s": float(profile.host_load_tokens_per_s)}
 
 
 def _append_blocks(prompt: list[Block], pieces: tuple[tuple[str, int], ...],
