@@ -260,8 +260,9 @@ def _b300(
     kv_bytes = LATENT_ELEMS * kv_dtype_bytes  # replicated on every TP rank; per rank under DP
     mem = 0.90 * B300_HBM  # default mem_fraction_static on a 288 GB GPU (§3.1)
     w_gpu = W_TOTAL / gpus
+    attn_tp = gpus // dp  # GPUs of one attention-DP rank (1 under DP8)
     if dp > 1:
-        w_gpu += W_ATTN * (1 - 1 / gpus)  # attention weights replicated per DP rank
+        w_gpu += W_ATTN * (1 / attn_tp - 1 / gpus)  # attention weights replicated per DP rank
     kv_gpu = mem - w_gpu
     page = 64
     c = int(kv_gpu // kv_bytes) // page * page
@@ -277,10 +278,11 @@ def _b300(
     else:
         # DP attention: a rank's attention projections and attention run on its own GPU (or its
         # context-parallel group's); the MoE is expert-parallel over all eight.
-        w_dense = W_ATTN + (W_TOTAL - W_EXPERTS - W_ATTN) / gpus
-        per_tok = ATTN_PROJ_FLOPS / (B300_BF16 * u_lin) + (LINEAR_FLOPS - ATTN_PROJ_FLOPS) / (gpus * B300_BF16 * u_lin)
+        w_dense = W_ATTN / attn_tp + (W_TOTAL - W_EXPERTS - W_ATTN) / gpus
+        per_tok = (ATTN_PROJ_FLOPS / (attn_tp * B300_BF16 * u_lin)
+                   + (LINEAR_FLOPS - ATTN_PROJ_FLOPS) / (gpus * B300_BF16 * u_lin))
         r_lin = 1 / per_tok
-        attn_gpus = cp
+        attn_gpus = cp if cp > 1 else attn_tp
     k_attn = ATTN_FLOPS / (attn_gpus * attn_peak * u_attn)
     k_kvb = KVB_FLOPS / (attn_gpus * attn_peak * u_attn)  # the re-expansion GEMM runs where attention does
     a = STEP_OVERHEAD + w_dense / ebw
@@ -293,10 +295,10 @@ def _b300(
     chunk = 16384 // dp  # SGLang handle_data_parallelism: chunked_prefill_size // dp_size
     conservativeness = DP_CONSERVATIVENESS if dp_ else 1.0  # ... and schedule_conservativeness *= 0.3
     max_running = _max_running(c, 262144) if fit is None else fit.max_running_total // dp
-    attn_where = f"{cp} GPUs (context-parallel group)" if cp > 1 else ("1" if dp_ else "8")
+    attn_where = f"{cp} GPUs (context-parallel group)" if cp > 1 else str(attn_tp)
     peak_txt = f"{attn_peak / 1e15:.2f} PF {'FP8' if attn_fp8 else 'bf16'}"
     lines = [
-        f"{name}: Kimi K2-class INT4 weights on one 8×B300 node, {'DP8 attention' if dp_ else 'TP8'}, {dtype} KV"
+        f"{name}: Kimi K2-class INT4 weights on one 8×B300 node, {f'DP{dp} attention' if dp_ else 'TP8'}, {dtype} KV"
         + (f", FP8 context-parallel (CP{cp}) prefill attention." if cp > 1 else "."),
         f"KV bytes per token per GPU = 35,136 × {kv_dtype_bytes} = {kv_bytes:,} B "
         f"({'each rank holds only its own requests' if dp_ else 'replicated on all 8 TP ranks'}).",
@@ -305,7 +307,7 @@ def _b300(
         f"  → C = {c:,} tokens per {'rank' if dp_ else 'server'} (page {page}: trtllm_mla on SM100 needs 32/64).",
         "Prefill: r_lin = "
         + (
-            "1 / (6.2B-param attention projections on one GPU + the rest EP over 8)"
+            f"1 / (6.2B-param attention projections on the rank's {attn_tp} GPU(s) + the rest EP over 8)"
             if dp_
             else "8 × 2.25 PF × U_LIN / 6.4e10"
         )
@@ -319,7 +321,7 @@ def _b300(
         f" / ({B300_BW / 1e12:.0f} TB/s × U_BW {U_BW}) = {a * 1e3:.2f} ms;",
         f"  {_coverage_note(t_exp)}; b = {b * 1e6:.1f} µs per request (its 6.4e10 linear FLOPs);",
         f"  k_kv = {kv_bytes:,} B / ({B300_BW / 1e12:.0f} TB/s × {U_BW}) = {k_kv * 1e9:.2f} ns per context token"
-        + (" of the rank's own requests (≈ k_kv/8 over the server's Σctx)." if dp_ else "."),
+        + (f" of the rank's own requests (≈ k_kv/{dp} over the server's Σctx)." if dp_ else "."),
         f"chunked_prefill_size {chunk} per "
         + ("rank (SGLang DP attention: 16384 // 8)," if dp_ else "server (SGLang default for ≥ 160 GB GPUs),")
         + f" schedule_conservativeness {conservativeness:g}"
@@ -489,6 +491,7 @@ def _build() -> dict[str, Profile]:
         _b300("b300-tp8-fp8", kv_dtype_bytes=1),
         _b300("b300-tp8-fp8-hicache", kv_dtype_bytes=1, host_tokens=8_000_000),
         _b300("b300-dp8-fp8", kv_dtype_bytes=1, dp=8),
+        _b300("b300-dp2-bf16", kv_dtype_bytes=2, dp=2),
         _b300("b300-dp8-fp8-cp", kv_dtype_bytes=1, dp=8, attn_fp8=True, cp=8, fit=GOOD_FIT),
         _gb10("gb10x16-tp4pp4-fp8", tp=4, pp=4),
         _gb10("gb10x16-tp16-fp8", tp=16, pp=1),
