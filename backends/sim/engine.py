@@ -21,14 +21,24 @@ What is modelled (per rank; ``dp_size`` ranks under DP attention, stepping toget
   output tokens (then the longest input) lose their KV (the computed prompt stays cached,
   unlocked), go to the back of the queue (0.5.23 appends) and re-prefill prompt + output so far;
   new_token_ratio decays over 600 steps, resets when idle and is re-estimated on retraction;
-- time (see ``profiles.py``): prefill ``(t0 + Σu/r_lin + k_attn·Σu·(c + u/2)) / efficiency`` plus
-  host loads; decode ``a + t_experts·coverage(B) + b·min(B, b_cap) + k_kv·Σctx``; a DP pass lasts
-  as long as its slowest rank.
+- time (see ``profiles.py``): prefill ``(t0 + Σu/r_lin + k_attn·Σu·(c + u/2) + k_kvb·Σc) / efficiency``
+  plus host loads (``k_kvb``: the per-chunk ``kv_b_proj`` re-expansion of the cached prefix); decode
+  ``a + t_experts·coverage(B) + b·min(B, b_cap) + k_kv·Σctx``; a DP pass lasts as long as its
+  slowest rank; under context-parallel prefill (``prefill_cp_size``) the attention time of every
+  rank of a CP group prefilling in the pass is summed (the group shares its GPUs);
+- options (profile fields, off unless a profile sets them; derivations in ``profiles.py``):
+  speculative decoding (a verify step of d + 1 tokens per request yielding the accept length),
+  mixed chunk (``--enable-mixed-chunk``: the running batch decodes one token inside a prefill pass),
+  SGLang's PrefillDelayer under DP attention (``managers/prefill_delayer.py``: while some ranks
+  could prefill and others could not, prefills are held up to ``max_delay_passes``), and a
+  per-request overhead before the scheduler sees a request (tokenisation, HTTP).
 
 Simplified: tokens are accounted exactly, not in pages (page size only rounds chunk ends and
 pads admission); the cache matches whole blocks (the caller's block size is the match granularity);
-the overlap scheduler, CUDA-graph padding, mixed chunks, speculative decoding and the in-batch
-prefix de-duplication of LPM are not modelled; the host tier is exclusive (a block loaded back
+the overlap scheduler, CUDA-graph padding, the delayer's token-usage watermark, the sharing of the
+expert-parallel MoE between ranks prefilling in one pass, and the in-batch prefix de-duplication of
+LPM are not modelled; speculative decoding is emulated as one token per step at the verify step's
+time over the accept length; the host tier is exclusive (a block loaded back
 leaves it) and its load time is added to the pass, not overlapped; a request's last output token
 holds no KV (as in SGLang) so at most prompt + output − 1 tokens are inserted on finish.
 """

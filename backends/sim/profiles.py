@@ -122,10 +122,11 @@ class Profile:
     """One deployment as the engine model sees it (one SGLang server; ``dp_size`` ranks).
 
     Prefill pass over chunks with u uncached tokens on top of c computed ones, per rank:
-    ``(t0 + Σu/r_lin + k_attn·Σu·(c + u/2)) / prefill_efficiency`` (+ host-tier load time).
-    Decode step, per rank: ``a + t_experts·coverage(B_total/pp) + b·min(B, b_cap) + k_kv·Σctx``
+    ``(t0 + Σu/r_lin + k_attn·Σu·(c + u/2) + k_kvb·Σc) / prefill_efficiency`` (+ host-tier load time).
+    Decode step, per rank: ``a + t_experts·coverage(max(B_total/pp, 1)) + b·min(B, b_cap) + k_kv·Σctx``
     where coverage(n) = 1 − (1 − experts_per_token/num_experts)^n is the fraction of routed
-    experts whose weights a step must stream. Under DP the ranks step together: a pass lasts the
+    experts whose weights a step must stream (a pipeline stage sees B/pp requests per micro-batch,
+    or one request at a time when B < pp). Under DP the ranks step together: a pass lasts the
     longest rank's time.
     """
 
