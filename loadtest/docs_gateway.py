@@ -207,9 +207,9 @@ def render_routing(rows: dict[str, dict[str, Any]]) -> str:
               "ranks; `sglang-cache-aware` is SGLang's router with one worker per rank. The ceiling is `gateway` "
               "with unbounded KV, where the backend reports no running cap, so every conversation is seated "
               "(perfect routing, no seat limit; the engine's cap of 5 running per rank still applies).", "",
-              "| Conv. | Policy | Tokens/min | × sglang-cache-aware | TTFT p50 | TTFT p95 | published p95 "
-              "| Longest wait | Cache hit | Starved |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| Conv. | Policy | Tokens/min | × sglang-cache-aware | Req/min | Output tok/min | TTFT p50 | TTFT p95 "
+              "| published p95 | Longest wait | Cache hit | Starved |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in DP_LEVELS:
         ref = rows[f"dp/sglang-cache-aware/{n}"]["total_tpm"]
         pub = f"{PUBLISHED_GOOD[n][2]:.2f} s" if n in PUBLISHED_GOOD else "-"
@@ -217,6 +217,7 @@ def render_routing(rows: dict[str, dict[str, Any]]) -> str:
             r = rows[f"dp/{label}/{n}"]
             name = "gateway, unbounded ceiling" if label == "unbounded" else label
             lines.append(f"| {n} | {name} | {_m(r['total_tpm'])} | {r['total_tpm'] / ref:.2f} | "
+                         f"{r['completed_rpm']:.1f} | {r['output_tpm'] / 1e3:.0f}k | "
                          f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {pub} | {_s(r['max_wait_s'])} | "
                          f"{r['cache_hit_rate']:.1%} | {r['starved']} |")
     lines += ["", "Acceptance (issue 12):", ""] + [f"- {x}" for x in dp_checks(rows)]

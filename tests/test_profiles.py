@@ -34,6 +34,8 @@ def test_binding_names_exist_and_unknown_lists_them() -> None:
         ("b300-tp8-fp8", 5.27e6),
         ("b300-tp8-fp8-hicache", 5.27e6),
         ("b300-dp8-fp8", 4.9e6),
+        ("b300-dp8-fp8-cp", 4.9e6),
+        ("b300-dp2-bf16", 2.6e6),  # DP2: each rank's 4 GPUs hold its latents, like TP4
         ("gb10x16-tp4pp4-fp8", 7.4e6),
         ("gb10x16-tp16-fp8", 1.9e6),
         ("tiny", 64e3),
@@ -62,6 +64,9 @@ def test_b300_profiles_share_compute_and_differ_only_where_physics_does() -> Non
     # SGLang handle_data_parallelism: chunk // dp_size, schedule_conservativeness × 0.3
     assert (dp.context_length, dp.chunked_prefill_size) == (262144, 16384 // 8)
     assert dp.init_new_token_ratio == pytest.approx(0.7 * 0.3)
+    dp2 = get_profile("b300-dp2-bf16")
+    assert (dp2.dp_size, dp2.chunked_prefill_size) == (2, 16384 // 2)
+    assert dp2.k_attn == pytest.approx(2 * bf16.k_attn)  # a rank's attention on 4 of the 8 GPUs
 
 
 def test_constants_are_derived_from_the_stated_utilisation() -> None:
