@@ -41,6 +41,12 @@ class Backend:
     last_error: str = ""
     max_total_num_tokens: int = 0
     reported_dp_size: int | None = None
+    max_running_requests: int = 0
+    """Per DP rank (``/get_server_info``; 0: unknown): a seat budget as much as the token pool."""
+    host_tokens: int = 0
+    """Host-tier (HiCache) tokens per DP rank (0: none or not reported)."""
+    reload_tokens_per_s: float = 0.0
+    """How fast a host-tier hit is loaded back (0: no host tier)."""
     running: int = 0
     waiting: int = 0
     token_usage: float = 0.0
@@ -88,7 +94,9 @@ class Backend:
 
     def view(self) -> BackendView:
         return BackendView(self.name, self.healthy, self.max_total_num_tokens, self.dp_size,
-                           self.running, self.waiting, self.token_usage)
+                           self.running, self.waiting, self.token_usage,
+                           max_running_requests=self.max_running_requests, host_tokens=self.host_tokens,
+                           reload_tokens_per_s=self.reload_tokens_per_s)
 
 
 Listener = Callable[[str, list[BackendView]], None]
@@ -177,6 +185,7 @@ class BackendPool:
         try:
             info = (await self._get(backend, "/get_server_info")).json()
             backend.max_total_num_tokens = int(info.get("max_total_num_tokens") or 0)
+            backend.max_running_requests = int(info.get("max_running_requests") or 0)  # per DP rank: a seat budget
             dp = info.get("dp_size")
             backend.reported_dp_size = int(dp) if dp else None
             if backend.reported_dp_size and backend.dp_size not in (1, backend.reported_dp_size):

@@ -31,6 +31,7 @@ from typing import Any
 
 from backends.config import BackendConfig, HealthConfig, ModelConfig
 from backends.pool import Backend, BackendPool
+from backends.sim.engine import Engine
 from backends.sim.tokenizer import BYTES_PER_TOKEN
 from policies.core import DecisionCore
 from policies.prefix import from_blocks, total_tokens
@@ -200,7 +201,7 @@ class SimPool:
                 self.pool.mark_failure(b, "ConnectError: connection refused")
                 continue
             if not b.info_fetched:
-                b.max_total_num_tokens = int(self.engines[name].max_total_num_tokens)
+                _read_server_info(b, self.engines[name])
                 b.info_fetched = True
             self.pool.mark_ok(b)
 
@@ -218,6 +219,17 @@ class SimPool:
 
     def request_ok(self, name: str) -> None:
         self.pool.request_ok(self.backends[name])
+
+
+def _read_server_info(b: Backend, engine: Any) -> None:
+    """What ``BackendPool`` reads from ``/get_server_info``: the token pool, and for a simulated engine
+    (not an unbounded one) its running cap and host tier, which admission sizes seats with."""
+    b.max_total_num_tokens = int(engine.max_total_num_tokens)
+    if isinstance(engine, Engine) and not engine.unbounded:
+        p = engine.profile
+        b.max_running_requests = int(p.max_running_requests)
+        b.host_tokens = int(p.host_tier_tokens)
+        b.reload_tokens_per_s = float(p.host_load_tokens_per_s)
 
 
 def _load_json(ld: Any) -> dict[str, Any]:

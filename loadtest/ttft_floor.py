@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterator
 
 from backends.sim.engine import Engine
-from backends.sim.profiles import U_ATTN, Profile, get_profile
+from backends.sim.profiles import GOOD_FIT, U_ATTN, Profile, get_profile
 from loadtest.metrics import percentile
 from loadtest.simulate import SimConfig, run_one
 from loadtest.workload import CodingAgent
@@ -47,9 +47,11 @@ def turn_sizes(conversations: int, *, per_slot: int = 2, seed: int = 1) -> Itera
 
 
 def at_attn_utilisation(profile: Profile, utilisation: float) -> Profile:
-    """``profile`` with prefill attention at ``utilisation`` of peak instead of ``U_ATTN``."""
+    """``profile`` with prefill attention (and its ``kv_b_proj`` re-expansion) at ``utilisation`` of
+    peak instead of the profile's own (``U_ATTN``, or the fitted one of ``b300-dp8-fp8-cp``)."""
+    base = GOOD_FIT.u_attn if "U_ATTN" in profile.fitted else U_ATTN
     return profile.with_(name=f"{profile.name} @ U_ATTN {utilisation:g}",
-                         k_attn=profile.k_attn * U_ATTN / utilisation)
+                         k_attn=profile.k_attn * base / utilisation, k_kvb=profile.k_kvb * base / utilisation)
 
 
 def floor_row(profile: Profile, conversations: int, *, target_s: float = 1.0, seed: int = 1) -> dict:

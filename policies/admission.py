@@ -37,10 +37,30 @@ arrival. A new-seat request that does not fit blocks new seats behind it for tha
 backfill, so large conversations are not starved by small ones). Team caps (``max_concurrency``)
 skip a team without blocking others.
 
+Every tier (issue 12)
+---------------------
+A seat's budget counts every tier a backend reports, not only its GPU pool:
+
+- **Host tier** (HiCache): a seat evicted from the GPU lands in host DRAM and comes back at the
+  backend's reload rate (about 0.1 s per 150k tokens on 8×B300) instead of a recompute. So the
+  budget is ``C_gpu + host_water · C_host`` (``host_water`` 1.0: the whole host tier; when the
+  working set fits the tiers no one waits for a seat), and the quantum after which a waiter may
+  take an idle seat is the seat's own swap cost divided by ``swap_overhead`` (0.01: a rotation
+  may cost at most 1 % of the time a seat is held), clipped to [``min_hold_s``, ``quantum_s``].
+  A cheap swap therefore rotates in about ``min_hold_s`` instead of waiting the recompute
+  quantum; without a host tier the quantum stays ``quantum_s``.
+- **Running cap**: a backend's ``max_running_requests`` (per DP rank, from ``/get_server_info``) is
+  a seat budget too: at most ``ceil(running_overbook · max_running_requests)`` seats per rank
+  (``running_overbook`` 1.2: a seated conversation spends part of its time thinking, so a few more
+  seats than running slots keep the cap busy without queueing turns in the engine); on a rank whose
+  seats are all taken while others wait, a seat idle ``full_idle_release_s`` (10 s, above the
+  longest think time) is released, so an ended conversation frees its seat at once.
+
 Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900,
 ``rotate_on`` "waiter", ``min_hold_s`` 20, ``idle_release_s`` 30, ``default_output`` 1024,
 ``output_clip`` 4096 (SGLang's own clip), ``input_weight`` 1 and ``output_weight`` 1 (tokens
-charged to a team's counter per token served).
+charged to a team's counter per token served), ``host_water`` 1.0, ``swap_overhead`` 0.01,
+``running_overbook`` 1.2, ``full_idle_release_s`` 10.
 Figures behind these choices: docs/benchmarks.md.
 """
 
@@ -73,6 +93,11 @@ class SeatParams:
     output_clip: int = 4096
     input_weight: float = 1.0
     output_weight: float = 1.0
+    # Tiers (issue 12): see "Every tier" in the module docstring.
+    host_water: float = 1.0
+    swap_overhead: float = 0.01
+    running_overbook: float = 1.2
+    full_idle_release_s: float = 10.0
 
 
 @dataclass(slots=True)
@@ -321,7 +346,7 @@ class SeatedAdmission(DecisionCore):
                                         f"(limit {team.limits.queue_timeout_s:g} s)", team.retry_after(team.waiting)))
         queued = {w.key for w in self.waiting.values()}
         for seat in list(self.seats.values()):
-            if seat.busy == 0 and seat.key not in queued and now - seat.last_active > self.params.idle_release_s:
+            if seat.busy == 0 and seat.key not in queued and now - seat.last_active > self._idle_release_s(seat):
                 self._release(seat)
         return decisions + self._schedule(now)
 
@@ -377,10 +402,11 @@ class SeatedAdmission(DecisionCore):
         for view in entry.views.values():
             if not view.healthy or view.name in exclude:
                 continue
+            cap = self._tier_capacity(view)
             if view.dp_size > 1:
-                slots += [((view.name, r), view.kv_tokens) for r in range(view.dp_size)]
+                slots += [((view.name, r), cap) for r in range(view.dp_size)]
             else:
-                slots.append(((view.name, None), view.kv_tokens))
+                slots.append(((view.name, None), cap))
         return slots
 
     def _capacity(self, slot: Slot) -> int:
@@ -393,9 +419,10 @@ class SeatedAdmission(DecisionCore):
         for entry in self.models.values():
             view = entry.views.get(backend)
             if view is not None:
+                cap = self._tier_capacity(view)
                 if view.dp_size > 1:
-                    return [((backend, r), view.kv_tokens) for r in range(view.dp_size)]
-                return [((backend, None), view.kv_tokens)]
+                    return [((backend, r), cap) for r in range(view.dp_size)]
+                return [((backend, None), cap)]
         return []
 
     def _budget(self, capacity: int, growth: bool = False) -> float:
@@ -406,7 +433,7 @@ class SeatedAdmission(DecisionCore):
         budget = self._budget(capacity)
         used = self.reserved.get(slot, 0)
         # A conversation larger than the whole budget still gets an empty backend to itself.
-        return used + min(need, budget) <= budget
+        return used + min(need, budget) <= budget and self._seats_on(slot) < self._seat_limit(slot)
 
     def _place(self, w: Waiter, now: float) -> Placement | None:
         """A slot with room for a new seat, chosen by the router among those that fit."""
@@ -537,26 +564,80 @@ class SeatedAdmission(DecisionCore):
                 held = now - seat.since
                 owner = self.teams[seat.team]
                 favoured = extra is not None or owner.vtc > team.vtc or self._band(w) > owner.limits.priority
+                quantum = self._quantum(candidate, seat.tokens)
                 if p.rotate_on == "waiter":
-                    favoured = favoured or now - w.arrived >= p.quantum_s
-                if (p.rotate_on == "seat" and held >= p.quantum_s) or (favoured and held >= p.min_hold_s):
+                    favoured = favoured or now - w.arrived >= quantum
+                if (p.rotate_on == "seat" and held >= quantum) or (favoured and held >= p.min_hold_s):
                     victims.append(seat)
             victims.sort(key=lambda s: (-self.teams[s.team].vtc, s.since))
             budget = self._budget(cap, growth=extra is not None)
             used = self.reserved.get(candidate, 0)
+            # a new seat also needs a seat under the running cap; a growing one already has its own
+            seats = self._seats_on(candidate) if extra is None else -1
+            limit = self._seat_limit(candidate)
             chosen: list[Seat] = []
             for seat in victims:
-                if used + min(need, budget) <= budget:
+                if used + min(need, budget) <= budget and seats < limit:
                     break
                 used -= seat.tokens
+                seats -= 1
                 chosen.append(seat)
-            if used + min(need, budget) <= budget and chosen and (best is None or len(chosen) < best[0]):
+            fits = used + min(need, budget) <= budget and seats < limit
+            if fits and chosen and (best is None or len(chosen) < best[0]):
                 best = (len(chosen), chosen)
         if best is None:
             return False
         for seat in best[1]:
             self._release(seat)
         return True
+
+
+    # ----- every tier (issue 12): host tier, reload cost, running cap ------------------------------
+    # Kept apart from the seat mechanics above so that the two can change independently.
+
+    def _view_of(self, backend: str) -> BackendView | None:
+        for entry in self.models.values():
+            view = entry.views.get(backend)
+            if view is not None:
+                return view
+        return None
+
+    def _tier_capacity(self, view: BackendView) -> int:
+        """Seat budget base of one rank: its GPU pool plus ``host_water`` of a host tier it reloads from."""
+        if not view.kv_tokens:
+            return 0
+        if view.host_tokens and view.reload_tokens_per_s > 0:
+            return int(view.kv_tokens + self.params.host_water * view.host_tokens)
+        return view.kv_tokens
+
+    def _quantum(self, slot: Slot, tokens: int) -> float:
+        """How long a waiter waits before it may take an idle seat on ``slot``: the seat's swap cost
+        over ``swap_overhead`` when the backend reloads from a host tier, else ``quantum_s``."""
+        p = self.params
+        view = self._view_of(slot[0])
+        if view is None or not view.host_tokens or view.reload_tokens_per_s <= 0:
+            return p.quantum_s
+        swap_s = tokens / view.reload_tokens_per_s
+        return min(p.quantum_s, max(p.min_hold_s, swap_s / p.swap_overhead))
+
+    def _seat_limit(self, slot: Slot) -> float:
+        """Seats a rank may hold: ``running_overbook`` × its ``max_running_requests`` (unknown: no limit)."""
+        view = self._view_of(slot[0])
+        if view is None or view.max_running_requests <= 0:
+            return float("inf")
+        return math.ceil(self.params.running_overbook * view.max_running_requests * self.share - 1e-9)
+
+    def _seats_on(self, slot: Slot) -> int:
+        return sum(1 for seat in self.seats.values() if seat.slot == slot)
+
+    def _idle_release_s(self, seat: Seat) -> float:
+        """Idle time after which a seat is released: ``idle_release_s``, or ``full_idle_release_s``
+        on a rank whose running-cap seats are all taken while others wait (an ended conversation
+        must not hold one of a handful of seats for half a minute)."""
+        p = self.params
+        if self.waiting and self._seats_on(seat.slot) >= self._seat_limit(seat.slot):
+            return min(p.idle_release_s, p.full_idle_release_s)
+        return p.idle_release_s
 
 
 def _with_exclude(req: RequestFacts, backend: str) -> RequestFacts:

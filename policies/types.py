@@ -46,6 +46,12 @@ class BackendView:
     running: int = 0
     waiting: int = 0
     token_usage: float = 0.0
+    max_running_requests: int = 0
+    """SGLang's ``max_running_requests`` per DP rank (0: unknown, no limit)."""
+    host_tokens: int = 0
+    """Host-tier (HiCache) tokens per DP rank (0: none)."""
+    reload_tokens_per_s: float = 0.0
+    """Rate at which a host-tier hit is loaded back instead of recomputed (0: no host tier)."""
 
 
 @dataclass(frozen=True, slots=True)

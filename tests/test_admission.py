@@ -335,3 +335,41 @@ def test_seated_turn_reports_the_prefix_the_router_knows() -> None:
     d2 = dispatched(c.arrive(second, 2.0))[0]
     assert d2.backend == d1.backend and d2.reason == "prefix"
     assert d2.scores["matched_tokens"] == 3000.0
+
+
+# ----- every tier (issue 12) ---------------------------------------------------------------------
+
+def test_max_running_requests_is_a_seat_budget() -> None:
+    """A rank reporting max_running_requests 5 seats at most ceil(1.2 × 5) = 6 conversations."""
+    c = SeatedAdmission(RoundRobin(), params=SeatParams())
+    c.set_backends("m", [BackendView("b0", kv_tokens=10**9, max_running_requests=5)], 0.0)
+    out = []
+    for i in range(8):
+        out += dispatched(c.arrive(req(conv=f"c{i}"), 0.0))
+    assert len(out) == 6 and len(c.waiting) == 2
+    # without the cap the same pool seats all eight
+    c2 = SeatedAdmission(RoundRobin(), params=SeatParams())
+    c2.set_backends("m", [BackendView("b0", kv_tokens=10**9)], 0.0)
+    assert sum(len(dispatched(c2.arrive(req(conv=f"c{i}"), 0.0))) for i in range(8)) == 8
+
+
+def test_host_tier_counts_in_the_budget_and_a_cheap_swap_rotates_fast() -> None:
+    """GPU 10k + host 10k reloaded at 1M tokens/s: two 8k conversations fit; a third waits only
+    about min_hold_s (its swap costs 8 ms), not the 900 s recompute quantum."""
+    view = BackendView("b0", kv_tokens=10_000, host_tokens=10_000, reload_tokens_per_s=1e6)
+    c = SeatedAdmission(RoundRobin(), params=SeatParams(admit_water=1.0, high_water=1.0))
+    c.set_backends("m", [view], 0.0)
+    a, b, w = req(tokens=7_900, conv="a"), req(tokens=7_900, conv="b"), req(tokens=7_900, conv="w")
+    assert len(dispatched(c.arrive(a, 0.0))) == 1 and len(dispatched(c.arrive(b, 0.0))) == 1
+    assert dispatched(c.arrive(w, 0.0)) == []
+    c.finish(a.rid, Outcome(prompt_tokens=7_900, completion_tokens=100), 1.0)
+    c.finish(b.rid, Outcome(prompt_tokens=7_900, completion_tokens=100), 1.0)
+    assert dispatched(c.tick(15.0)) == []  # seats held less than min_hold_s
+    assert [d.rid for d in dispatched(c.tick(21.0))] == [w.rid]
+    # the same pool without a host tier seats one and rotates only after the quantum
+    g = SeatedAdmission(RoundRobin(), params=SeatParams(admit_water=1.0, high_water=1.0))
+    g.set_backends("m", [BackendView("b0", kv_tokens=10_000)], 0.0)
+    x, y = req(tokens=7_900, conv="x"), req(tokens=7_900, conv="y")
+    assert len(dispatched(g.arrive(x, 0.0))) == 1 and dispatched(g.arrive(y, 0.0)) == []
+    g.finish(x.rid, Outcome(prompt_tokens=7_900, completion_tokens=100), 1.0)
+    assert dispatched(g.tick(21.0)) == []

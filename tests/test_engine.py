@@ -311,7 +311,7 @@ def test_decode_step_time_follows_the_formula() -> None:
     chunks = [p.chunked_prefill_size] * (u // p.chunked_prefill_size) + [u % p.chunked_prefill_size]
     expected, c = 0.0, 0
     for n in chunks:
-        expected += p.t0 + n / p.r_lin + p.k_attn * n * (c + n / 2)
+        expected += p.t0 + n / p.r_lin + p.k_attn * n * (c + n / 2) + p.k_kvb * c  # kv_b_proj re-expansion
         c += n
     assert first == pytest.approx(expected, rel=1e-9)
     assert p.solo_prefill_s(u, 0) == pytest.approx(first, rel=1e-9)

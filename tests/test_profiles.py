@@ -13,6 +13,7 @@ NAMES = [
     "b300-tp8-fp8",
     "b300-tp8-fp8-hicache",
     "b300-dp8-fp8",
+    "b300-dp8-fp8-cp",
     "gb10x16-tp4pp4-fp8",
     "gb10x16-tp16-fp8",
     "tiny",
@@ -33,6 +34,8 @@ def test_binding_names_exist_and_unknown_lists_them() -> None:
         ("b300-tp8-fp8", 5.27e6),
         ("b300-tp8-fp8-hicache", 5.27e6),
         ("b300-dp8-fp8", 4.9e6),
+        ("b300-dp8-fp8-cp", 4.9e6),
+        ("b300-dp2-bf16", 2.6e6),  # DP2: each rank's 4 GPUs hold its latents, like TP4
         ("gb10x16-tp4pp4-fp8", 7.4e6),
         ("gb10x16-tp16-fp8", 1.9e6),
         ("tiny", 64e3),
@@ -56,8 +59,14 @@ def test_b300_profiles_share_compute_and_differ_only_where_physics_does() -> Non
     dp = get_profile("b300-dp8-fp8")
     assert dp.dp_size == 8 and dp.k_kv == fp8.k_kv  # per rank, over that rank's own Σctx
     assert dp.k_attn == pytest.approx(8 * fp8.k_attn)  # all heads of a request on one GPU
-    for p in (bf16, fp8, hi, dp):
-        assert (p.context_length, p.chunked_prefill_size) == (262144, 16384)
+    for p in (bf16, fp8, hi):
+        assert (p.context_length, p.chunked_prefill_size, p.init_new_token_ratio) == (262144, 16384, 0.7)
+    # SGLang handle_data_parallelism: chunk // dp_size, schedule_conservativeness × 0.3
+    assert (dp.context_length, dp.chunked_prefill_size) == (262144, 16384 // 8)
+    assert dp.init_new_token_ratio == pytest.approx(0.7 * 0.3)
+    dp2 = get_profile("b300-dp2-bf16")
+    assert (dp2.dp_size, dp2.chunked_prefill_size) == (2, 16384 // 2)
+    assert dp2.k_attn == pytest.approx(2 * bf16.k_attn)  # a rank's attention on 4 of the 8 GPUs
 
 
 def test_constants_are_derived_from_the_stated_utilisation() -> None:

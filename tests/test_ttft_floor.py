@@ -42,8 +42,11 @@ def test_what_if_utilisation_rescales_attention_only() -> None:
     assert same.k_attn == pytest.approx(p.k_attn)
     faster = ttft_floor.at_attn_utilisation(p, 2 * U_ATTN)
     assert faster.k_attn == pytest.approx(p.k_attn / 2)
+    assert faster.k_kvb == pytest.approx(p.k_kvb / 2)  # the re-expansion runs at the attention rate
     assert (faster.t0, faster.r_lin, faster.kv_tokens) == (p.t0, p.r_lin, p.kv_tokens)
     assert get_profile("b300-dp8-fp8").k_attn == p.k_attn  # the registry is untouched
+    cp = get_profile("b300-dp8-fp8-cp")  # fitted at U_ATTN 0.6: the what-if starts from its own figure
+    assert ttft_floor.at_attn_utilisation(cp, 0.6).k_attn == pytest.approx(cp.k_attn)
 
 
 def test_cli_prints_json_rows(capsys: pytest.CaptureFixture[str]) -> None:

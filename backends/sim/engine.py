@@ -21,14 +21,24 @@ What is modelled (per rank; ``dp_size`` ranks under DP attention, stepping toget
   output tokens (then the longest input) lose their KV (the computed prompt stays cached,
   unlocked), go to the back of the queue (0.5.23 appends) and re-prefill prompt + output so far;
   new_token_ratio decays over 600 steps, resets when idle and is re-estimated on retraction;
-- time (see ``profiles.py``): prefill ``(t0 + Σu/r_lin + k_attn·Σu·(c + u/2)) / efficiency`` plus
-  host loads; decode ``a + t_experts·coverage(B) + b·min(B, b_cap) + k_kv·Σctx``; a DP pass lasts
-  as long as its slowest rank.
+- time (see ``profiles.py``): prefill ``(t0 + Σu/r_lin + k_attn·Σu·(c + u/2) + k_kvb·Σc) / efficiency``
+  plus host loads (``k_kvb``: the per-chunk ``kv_b_proj`` re-expansion of the cached prefix); decode
+  ``a + t_experts·coverage(B) + b·min(B, b_cap) + k_kv·Σctx``; a DP pass lasts as long as its
+  slowest rank; under context-parallel prefill (``prefill_cp_size``) the attention time of every
+  rank of a CP group prefilling in the pass is summed (the group shares its GPUs);
+- options (profile fields, off unless a profile sets them; derivations in ``profiles.py``):
+  speculative decoding (a verify step of d + 1 tokens per request yielding the accept length),
+  mixed chunk (``--enable-mixed-chunk``: the running batch decodes one token inside a prefill pass),
+  SGLang's PrefillDelayer under DP attention (``managers/prefill_delayer.py``: while some ranks
+  could prefill and others could not, prefills are held up to ``max_delay_passes``), and a
+  per-request overhead before the scheduler sees a request (tokenisation, HTTP).
 
 Simplified: tokens are accounted exactly, not in pages (page size only rounds chunk ends and
 pads admission); the cache matches whole blocks (the caller's block size is the match granularity);
-the overlap scheduler, CUDA-graph padding, mixed chunks, speculative decoding and the in-batch
-prefix de-duplication of LPM are not modelled; the host tier is exclusive (a block loaded back
+the overlap scheduler, CUDA-graph padding, the delayer's token-usage watermark, the sharing of the
+expert-parallel MoE between ranks prefilling in one pass, and the in-batch prefix de-duplication of
+LPM are not modelled; speculative decoding is emulated as one token per step at the verify step's
+time over the accept length; the host tier is exclusive (a block loaded back
 leaves it) and its load time is added to the pass, not overlapped; a request's last output token
 holds no KV (as in SGLang) so at most prompt + output − 1 tokens are inserted on finish.
 """
@@ -271,6 +281,9 @@ class Engine:
         self._seq = 0
         self._pass_end: float | None = None
         self._pending: list[EngineEvent] = []  # rejections, emitted at their own time
+        self._arrivals: list[tuple[float, int, _Req]] = []  # (ready time, seq, request): tokenising
+        self._delayed = 0  # passes the prefill delayer has held prefills back
+        self._delay_since = 0.0
 
     # ---- public API -------------------------------------------------------------------------
     def submit(self, req: EngineRequest, now: float) -> None:
@@ -303,6 +316,11 @@ class Engine:
         r.max_new = min(r.max_new, limit - r.prompt_len - 1)
         r.target = max(1, min(r.target, r.max_new))
         self._reqs[req.rid] = r
+        overhead = self.profile.overhead_s(r.prompt_len)
+        if overhead > 0:  # TokenizerManager and HTTP first: the scheduler sees it later
+            self._seq += 1
+            heapq.heappush(self._arrivals, (now + overhead, self._seq, r))
+            return
         self._ranks[rank].waiting.append(r)
         if self._pass_end is None:
             self._start_pass(now)
@@ -313,7 +331,9 @@ class Engine:
             return False
         rk = self._ranks[r.rank]
         if r.state == _WAITING:
-            rk.waiting.remove(r)
+            if r in rk.waiting:
+                rk.waiting.remove(r)
+            # else still being tokenised: its arrival entry is skipped (state _DONE below)
         else:
             self._release(rk, r)
             if r.state == _RUNNING:
@@ -326,12 +346,26 @@ class Engine:
         return True
 
     def next_time(self) -> float | None:
+        times = [t for t in (self._pass_end,) if t is not None]
         if self._pending:
-            t = self._pending[0].time
-            return t if self._pass_end is None else min(t, self._pass_end)
-        return self._pass_end
+            times.append(self._pending[0].time)
+        if self._arrivals:
+            times.append(self._arrivals[0][0])
+        return min(times) if times else None
 
     def complete(self) -> list[EngineEvent]:
+        if self._arrivals and self._arrivals[0][0] <= min(
+            t for t in (self._pass_end, self._pending[0].time if self._pending else None, self._arrivals[0][0])
+            if t is not None
+        ):
+            now = self._arrivals[0][0]
+            while self._arrivals and self._arrivals[0][0] <= now:
+                _, _, r = heapq.heappop(self._arrivals)
+                if r.state == _WAITING and self._reqs.get(r.rid) is r:
+                    self._ranks[r.rank].waiting.append(r)
+            if self._pass_end is None:
+                self._start_pass(now)
+            return []
         if self._pending and (self._pass_end is None or self._pending[0].time <= self._pass_end):
             t = self._pending[0].time
             out = [e for e in self._pending if e.time <= t]
@@ -345,7 +379,10 @@ class Engine:
             if rk.work is not None:
                 kind, items, _ = rk.work
                 rk.work = None
-                if kind == "prefill":
+                if kind == "mixed":  # the running batch's token first, then the chunk's requests join it
+                    self._finish_decode(rk, now, events)
+                    self._finish_prefill(rk, items, now, events)
+                elif kind == "prefill":
                     self._finish_prefill(rk, items, now, events)
                 else:
                     self._finish_decode(rk, now, events)
@@ -367,7 +404,7 @@ class Engine:
         return rid in self._reqs
 
     def idle(self) -> bool:
-        return self._pass_end is None and not self._pending
+        return self._pass_end is None and not self._pending and not self._arrivals
 
     def loads(self) -> list[RankLoad]:
         out = []
@@ -436,19 +473,26 @@ class Engine:
         return [r for r in self._reqs.values() if r.rank == rk.idx and r.state == _PREFILL]
 
     def _start_pass(self, now: float) -> None:
+        p = self.profile
         times: list[float] = []
         decoding = 0
+        delay = self._delay_prefill(now)
+        parts: dict[int, tuple[float, float]] = {}
         for rk in self._ranks:
-            items = self._form_prefill(rk)
-            while not items and rk.waiting and not rk.running and rk.chunked is None:
+            items = [] if delay else self._form_prefill(rk)
+            while not delay and not items and rk.waiting and not rk.running and rk.chunked is None:
                 # Nothing holds KV on this rank but the head's own prefix, so nothing will ever
                 # free room for it: abort it rather than go idle with it queued. Unreachable
                 # while admission and submit() agree (submit clamps every request to the pool).
                 self._abort_with_event(rk, self._policy_order(rk)[0], now, STUCK_MESSAGE)
                 items = self._form_prefill(rk)
             if items:
-                rk.work = ("prefill", items, self._prefill_time(items))
-                times.append(rk.work[2])
+                parts[rk.idx] = self._prefill_parts(items)
+                mixed = p.mixed_chunk and bool(rk.running) and (
+                    rk.free + rk.cache.evictable_tokens >= len(rk.running))
+                rk.work = ("mixed" if mixed else "prefill", items, 0.0)
+                if mixed:
+                    decoding += len(rk.running)
             elif rk.running:
                 self._maybe_retract(rk, now)
                 if rk.running:
@@ -456,23 +500,83 @@ class Engine:
                     decoding += len(rk.running)
             if rk.work is None and not rk.waiting and rk.chunked is None:
                 rk.ratio = self._ratio_init  # idle: SGLang resets the ratio
+        if parts:
+            cp = max(1, p.prefill_cp_size)
+            group_attn: dict[int, float] = {}
+            for idx, (_, attn) in parts.items():
+                # A context-parallel group's GPUs are shared: its ranks' attention runs one after another.
+                group_attn[idx // cp] = group_attn.get(idx // cp, 0.0) + attn
+            for idx, (base, attn) in parts.items():
+                t = base + (group_attn[idx // cp] if cp > 1 else attn)
+                rk = self._ranks[idx]
+                assert rk.work is not None
+                kind, items, _ = rk.work
+                if kind == "mixed":  # the decodes ride along: their per-request and KV-read cost
+                    t += self._decode_rank_time(rk, 0.0)
+                rk.work = (kind, items, t)
+                times.append(t)
         if decoding:
-            p = self.profile
-            cov = 1.0 - (1.0 - p.experts_per_token / p.num_experts) ** (decoding / p.pp)
-            shared = p.a + p.t_experts * cov
+            shared = self._decode_shared_time(decoding)
             for rk in self._ranks:
                 if rk.work is not None and rk.work[0] == "decode":
-                    b = len(rk.running)
-                    t = shared + p.b * min(b, p.b_cap) + p.k_kv * rk.ctx_sum * p.pp / min(b, p.pp)
+                    t = self._decode_rank_time(rk, shared)
                     rk.work = ("decode", [], t)
                     times.append(t)
         if times:
             self._pass_end = now + max(times)
 
+    def _delay_prefill(self, now: float) -> bool:
+        """SGLang's PrefillDelayer (``managers/prefill_delayer.py``, opt-in under DP attention): when
+        some ranks could prefill and others could not, hold every rank's prefill for up to
+        ``max_delay_passes`` passes (or ``max_delay_ms``) so that the ranks' prefills share passes
+        instead of each holding the others' decode back."""
+        p = self.profile
+        if p.prefill_delayer_max_passes <= 0 or self.dp_size == 1:
+            return False
+        able = [bool(rk.waiting) or rk.chunked is not None for rk in self._ranks]
+        if any(able) and not all(able) and any(rk.running for rk in self._ranks):
+            if self._delayed == 0:
+                self._delay_since = now
+            if self._delayed < p.prefill_delayer_max_passes and now - self._delay_since < p.prefill_delayer_max_delay_s:
+                self._delayed += 1
+                return True
+        self._delayed = 0
+        return False
+
+    def _decode_shared_time(self, decoding: int) -> float:
+        """The part of a decode step every rank pays: fixed overhead and the routed-expert stream.
+
+        Coverage counts the tokens a pipeline stage sees per micro-batch: B/pp once there are at
+        least pp requests, else one request at a time through every stage. With speculative
+        decoding a verify step carries d + 1 tokens per request and the draft passes add d × the
+        draft overhead × ``a``."""
+        p = self.profile
+        q = 1 + p.spec_draft_tokens
+        per_stage = max(decoding / p.pp, 1.0) * q
+        cov = 1.0 - (1.0 - p.experts_per_token / p.num_experts) ** per_stage
+        return p.a * (1.0 + p.spec_draft_overhead * p.spec_draft_tokens) + p.t_experts * cov
+
+    def _decode_rank_time(self, rk: _Rank, shared: float) -> float:
+        """One rank's decode step: ``shared`` plus its requests' linear compute and KV reads, per
+        output token (a verify step yields ``spec_accept_length`` tokens per request)."""
+        p = self.profile
+        b = len(rk.running)
+        q = 1 + p.spec_draft_tokens
+        kv = p.k_kv * rk.ctx_sum * p.pp / min(b, p.pp) * (p.spec_kv_factor if p.spec_draft_tokens else 1.0)
+        t = shared + p.b * min(b * q, p.b_cap) + kv
+        return t / p.spec_accept_length
+
     def _prefill_time(self, items: list[tuple[_Req, int, int]]) -> float:
+        base, attn = self._prefill_parts(items)
+        return base + attn
+
+    def _prefill_parts(self, items: list[tuple[_Req, int, int]]) -> tuple[float, float]:
+        """(linear + fixed + host-load time, attention time) of one rank's prefill batch. The
+        attention part includes the per-chunk ``kv_b_proj`` re-expansion of each item's prefix."""
         p = self.profile
         u_sum = 0
         attn = 0.0
+        prefix = 0
         host = 0
         for _, u, c in items:
             if u < 0:  # host-tier load marker
@@ -480,10 +584,11 @@ class Engine:
                 continue
             u_sum += u
             attn += u * (c + u / 2)
-        t = (p.t0 + u_sum / p.r_lin + p.k_attn * attn) / p.prefill_efficiency
+            prefix += c
+        base = (p.t0 + u_sum / p.r_lin) / p.prefill_efficiency
         if host:
-            t += host / p.host_load_tokens_per_s
-        return t
+            base += host / p.host_load_tokens_per_s
+        return base, (p.k_attn * attn + p.k_kvb * prefix) / p.prefill_efficiency
 
     def _offset(self, rk: _Rank) -> float:
         clip = self.profile.clip_max_new_tokens

@@ -89,10 +89,10 @@ async def server_info(request: Request) -> Response:
         "load_balance_method": "round_robin",
         "page_size": p.page_size,
         "chunked_prefill_size": p.chunked_prefill_size,
-        "max_prefill_tokens": 16384,
-        "max_running_requests": p.max_running_requests,
+        "max_prefill_tokens": p.max_prefill_tokens,
+        "max_running_requests": p.max_running_requests,  # per DP rank, as the scheduler reports it
         "schedule_policy": "fcfs",
-        "schedule_conservativeness": 1.0,
+        "schedule_conservativeness": getattr(p, "schedule_conservativeness", 1.0),  # × 0.3 under DP attention
         "context_length": MAX_MODEL_LEN,
         "max_model_len": MAX_MODEL_LEN,
         "mem_fraction_static": float(getattr(p, "mem_fraction_static", 0.9)),

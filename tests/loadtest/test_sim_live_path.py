@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from backends.sim.engine import RankLoad
+from backends.sim.engine import Engine, RankLoad
+from backends.sim.profiles import get_profile
 from loadtest.sim_driver import Faults, LiveFacts, SimPool, parse_unhealthy
 from loadtest.simulate import SimConfig, Simulator, build_core, default_engine_factory
 from loadtest.workload import make_workload
@@ -88,6 +89,21 @@ def test_the_pool_view_is_the_live_pools_aggregation_on_the_virtual_clock() -> N
     now[0] = 40.0
     pool.check_health(40.0)  # back, and the breaker's half-open probe passes
     assert pool.views()[0].healthy
+
+
+def test_the_pool_reads_a_simulated_engines_running_cap_and_host_tier_as_admission_needs_them() -> None:
+    profile = get_profile("b300-tp8-fp8-hicache")
+    assert profile.host_tier_tokens > 0 and profile.max_running_requests > 0
+    pool = SimPool("m", {"b0": Engine(profile), "b1": Engine(profile, unbounded=True)}, lambda: 0.0)
+    pool.check_health(0.0)
+    tiered, unbounded = pool.views()
+    assert (tiered.max_running_requests, tiered.host_tokens, tiered.reload_tokens_per_s) == (
+        profile.max_running_requests,
+        profile.host_tier_tokens,
+        profile.host_load_tokens_per_s,
+    )
+    # An unbounded engine is the ceiling: no cap and no tier to size seats with.
+    assert (unbounded.max_running_requests, unbounded.host_tokens, unbounded.reload_tokens_per_s) == (0, 0, 0.0)
 
 
 def test_faults_are_exercised_and_nothing_is_lost() -> None:
