@@ -19,11 +19,13 @@ import httpx
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from backends.failures import backend_fault, stream_fault
 from backends.pool import BackendPool
 from gateway import admin
 from gateway.admin import describe_limits
@@ -33,6 +35,7 @@ from gateway.dispatch import Dispatcher, Refused
 from gateway.errors import GatewayError, error_body, error_response
 from gateway.metrics import Metrics
 from gateway.openai import Kind, ParsedRequest, parse, upstream_body
+from gateway.overload import Overload, OverloadGuard
 from gateway.proxy import RETRYABLE, Result, StreamWatch, read_body, read_usage, relay_stream, send_bytes
 from gateway.state import MemoryState, RedisState
 from gateway.telemetry import RequestTrace, Telemetry, bind, current_trace
@@ -70,6 +73,7 @@ class Gateway:
         self.estimator = TokenEstimator()
         self.client: httpx.AsyncClient | None = None
         self.pool: BackendPool | None = None
+        self.overload = Overload(config.overload)
         self.started_at = int(time.time())
 
     # ----- team limits and shared state ---------------------------------------------------------
@@ -119,13 +123,15 @@ class Gateway:
         up = self.config.upstream
         timeout = httpx.Timeout(connect=up.connect_timeout_s, read=up.idle_timeout_s, write=up.idle_timeout_s,
                                 pool=up.connect_timeout_s)
-        limits = httpx.Limits(max_connections=up.max_connections, max_keepalive_connections=up.max_connections,
+        budget = self.config.upstream_connections()
+        limits = httpx.Limits(max_connections=budget, max_keepalive_connections=budget,
                               keepalive_expiry=up.keepalive_expiry_s)
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
-        self.pool = BackendPool(self.config, self.client)
+        self.pool = BackendPool(self.config)  # health checks on its own client: never starved by requests
         self.pool.subscribe(self._backends_changed)
         self.metrics.init_labels(self.config.teams, (b.name for b in self.pool.all()))
         self.dispatcher.start()
+        self.overload.start()
         await self.state.start()
         await self.pool.start()
         if self.keys.open:
@@ -135,6 +141,7 @@ class Gateway:
         if self.pool:
             await self.pool.stop()
         await self.dispatcher.stop()
+        await self.overload.stop()
         await self.state.stop()
         if self.client:
             await self.client.aclose()
@@ -280,8 +287,9 @@ class CompletionsEndpoint:
         except GatewayError as err:
             status = err.status
             trace.failed(err.status, err.code)
-            await send_bytes(send, err.status, error_body(err.status, err.message, err.code),
-                             b"application/json", [(b"x-request-id", rid.encode())])
+            await send_bytes(send, err.status, error_body(err.status, err.message, err.code), b"application/json",
+                             [(b"x-request-id", rid.encode()),
+                              *((k.encode(), v.encode()) for k, v in err.headers.items())])
         finally:
             m.inflight.labels(team).dec()
             ok = status == 200 and result.stream_error is None
@@ -310,8 +318,14 @@ class CompletionsEndpoint:
                 response = await gw.client.send(request, stream=True)
             except RETRYABLE as exc:
                 upstream.failed("connect", exc)
+                if isinstance(exc, httpx.PoolTimeout):  # our own budget, not the backend: shed, blame nobody
+                    raise GatewayError(503, "This gateway worker is out of upstream connections; retry shortly.",
+                                       "overloaded", headers={"retry-after": str(gw.config.overload.retry_after_s)}
+                                       ) from None
                 gw.metrics.upstream_errors.labels(backend.name, "connect").inc()
-                gw.pool.request_failed(backend, "connect", f"{type(exc).__name__}: {exc}")
+                fault = backend_fault(exc, lagging=gw.overload.lagging())
+                if fault:
+                    gw.pool.request_failed(backend, fault, f"{type(exc).__name__}: {exc}")
                 if attempt == 0:
                     retry = gw.dispatcher.retry(rid, backend.name)
                     if isinstance(retry, Dispatch):
@@ -323,12 +337,15 @@ class CompletionsEndpoint:
             except httpx.TimeoutException as exc:
                 upstream.failed("timeout", exc)
                 gw.metrics.upstream_errors.labels(backend.name, "timeout").inc()
-                gw.pool.request_failed(backend, "timeout", "no answer in time")
+                if backend_fault(exc, lagging=gw.overload.lagging()):
+                    gw.pool.request_failed(backend, "timeout", "no answer in time")
                 raise GatewayError(504, "The backend did not answer in time.", "upstream_timeout") from None
             except httpx.HTTPError as exc:
                 upstream.failed("connect", exc)
                 gw.metrics.upstream_errors.labels(backend.name, "connect").inc()
-                gw.pool.request_failed(backend, "connect", f"{type(exc).__name__}: {exc}")
+                fault = backend_fault(exc, lagging=gw.overload.lagging())
+                if fault:
+                    gw.pool.request_failed(backend, fault, f"{type(exc).__name__}: {exc}")
                 raise GatewayError(502, f"Upstream error: {type(exc).__name__}.", "upstream_error") from None
             try:
                 result.status = response.status_code
@@ -365,11 +382,12 @@ class CompletionsEndpoint:
             finally:
                 await response.aclose()
                 upstream.done(response.status_code, result.stream_error)
-                if response.status_code >= 500:
-                    gw.pool.request_failed(backend, "status_5xx", f"answered {response.status_code}")
-                elif result.stream_error in ("timeout", "stream_broken"):
-                    gw.pool.request_failed(backend, result.stream_error, "the response broke off")
-                else:
+                fault = (backend_fault(status=response.status_code)
+                         or stream_fault(result.stream_error, lagging=gw.overload.lagging()))
+                if fault:
+                    gw.pool.request_failed(backend, fault, f"answered {response.status_code}" if fault == "status_5xx"
+                                           else "the response broke off")
+                elif result.stream_error is None:
                     gw.pool.request_ok(backend)
             return response.status_code, backend.name
         raise AssertionError("unreachable")
@@ -461,7 +479,17 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         *admin.routes(gw),
     ]
+    def on_shed(headers: Headers, reason: str) -> None:
+        try:
+            team = gw.keys.team_for(headers)
+        except GatewayError:
+            team = "unknown"
+        gw.metrics.refusals.labels(team, "overloaded").inc()
+        gw.metrics.requests.labels(team, "", "", "503").inc()
+        log.debug("shed a request: %s", reason)
+
     app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(OverloadGuard, overload=gw.overload, on_shed=on_shed)],
                     exception_handlers={GatewayError: on_gateway_error, HTTPException: on_http_error,
                                         Exception: on_crash})
     app.state.gateway = gw

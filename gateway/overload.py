@@ -1,0 +1,122 @@
+"""Load shedding: a worker that falls behind refuses NEW requests early, and says so honestly.
+
+Two signals, both local to one worker:
+
+- **event-loop lag**: a monitor task sleeps ``interval_ms`` and measures how late it wakes. Past
+  ``max_lag_ms`` the worker is behind; it sheds for ``hold_s`` after the last late tick, so the
+  loop drains before it takes more.
+- **requests in flight** (``max_inflight``, off by default): completions requests this worker holds,
+  waiting for a seat or relaying. Beyond it, new ones are shed.
+
+A shed request gets 503 with ``Retry-After`` and code ``overloaded`` in its surface's envelope
+before its body is read (the cheapest refusal there is). Streams already relaying are never cut:
+they slow down with the loop. ``lagging()`` also tells the failure classification
+(backends/failures.py) that a timeout that fired now is the worker's fault, not the backend's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.config import OverloadConfig
+from gateway.errors import error_body
+
+SHED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+CODE = "overloaded"
+
+
+class Overload:
+    """The worker's own load: loop lag (from the monitor task) and requests in flight."""
+
+    def __init__(self, config: OverloadConfig) -> None:
+        self.config = config
+        self.lag_s = 0.0
+        self.max_lag_s = 0.0
+        self.late_until = 0.0
+        self.inflight = 0
+        self.shed = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._monitor(), name="overload-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _monitor(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.config.interval_ms / 1000
+        while True:
+            before = loop.time()
+            await asyncio.sleep(interval)
+            self.observe(loop.time() - before - interval)
+
+    def observe(self, lag_s: float, now: float | None = None) -> None:
+        """One measurement of how late the loop ran (the monitor's, or a test's)."""
+        self.lag_s = max(0.0, lag_s)
+        self.max_lag_s = max(self.max_lag_s, self.lag_s)
+        if self.lag_s * 1000 > self.config.max_lag_ms:
+            self.late_until = (time.monotonic() if now is None else now) + self.config.hold_s
+
+    def lagging(self, now: float | None = None) -> bool:
+        """Whether the loop is (or was, within ``hold_s``) behind: deadlines passing now prove nothing."""
+        return (time.monotonic() if now is None else now) < self.late_until
+
+    def reason(self) -> str | None:
+        """Why a new request would be shed now, or None to admit it."""
+        if self.lagging():
+            return f"event loop {self.lag_s * 1000:.0f} ms behind"
+        cap = self.config.max_inflight
+        if cap is not None and self.inflight >= cap:
+            return f"{self.inflight} requests in flight"
+        return None
+
+    def refusal(self, path: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """Headers and body of a 503 ``overloaded`` in the envelope of the surface at ``path``."""
+        message = "This gateway worker is overloaded; retry shortly."
+        if path.startswith("/v1/messages"):
+            body = orjson.dumps({"type": "error", "error": {"type": "overloaded_error", "message": message}})
+        else:
+            body = error_body(503, message, CODE)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"retry-after", str(self.config.retry_after_s).encode()), (b"x-cachegate-code", CODE.encode())]
+        return headers, body
+
+
+class OverloadGuard:
+    """ASGI middleware: sheds new completions requests while the worker is behind, counts the rest."""
+
+    def __init__(self, app: ASGIApp, overload: Overload, on_shed: Callable[[Headers, str], None]) -> None:
+        self.app = app
+        self.overload = overload
+        self.on_shed = on_shed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith(SHED_PATHS):
+            await self.app(scope, receive, send)
+            return
+        ov = self.overload
+        reason = ov.reason()
+        if reason is not None:
+            ov.shed += 1
+            self.on_shed(Headers(scope=scope), reason)
+            headers, body = ov.refusal(scope["path"])
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        ov.inflight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            ov.inflight -= 1
