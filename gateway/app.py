@@ -36,9 +36,11 @@ from gateway.errors import GatewayError, error_body, error_response
 from gateway.metrics import Metrics
 from gateway.openai import Kind, ParsedRequest, parse, upstream_body
 from gateway.overload import Overload, OverloadGuard
-from gateway.proxy import RETRYABLE, Result, StreamWatch, read_body, read_usage, relay_stream, send_bytes
+from gateway.proxy import RETRYABLE, Result, StreamWatch, read_body, read_usage, send_bytes
+from gateway.relay import relay_sse
 from gateway.state import MemoryState, RedisState
 from gateway.telemetry import RequestTrace, Telemetry, bind, current_trace
+from gateway.wire import WireClient
 from policies import registry
 from policies.prefix import request_fingerprint, total_tokens
 from policies.teams import TeamLimits
@@ -72,6 +74,7 @@ class Gateway:
         self.dispatcher = Dispatcher(self.core, state=self.state)
         self.estimator = TokenEstimator()
         self.client: httpx.AsyncClient | None = None
+        self.wire: WireClient | None = None
         self.pool: BackendPool | None = None
         self.overload = Overload(config.overload)
         self.started_at = int(time.time())
@@ -127,6 +130,8 @@ class Gateway:
         limits = httpx.Limits(max_connections=budget, max_keepalive_connections=budget,
                               keepalive_expiry=up.keepalive_expiry_s)
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+        # Completions go through the lean client (gateway/wire.py); httpx serves the rest.
+        self.wire = WireClient(up.connect_timeout_s, up.idle_timeout_s, up.keepalive_expiry_s, budget)
         self.pool = BackendPool(self.config)  # health checks on its own client: never starved by requests
         self.pool.subscribe(self._backends_changed)
         self.metrics.init_labels(self.config.teams, (b.name for b in self.pool.all()))
@@ -145,6 +150,8 @@ class Gateway:
         await self.state.stop()
         if self.client:
             await self.client.aclose()
+        if self.wire:
+            await self.wire.aclose()
         self.telemetry.shutdown()
         self.metrics.close()
 
@@ -302,7 +309,7 @@ class CompletionsEndpoint:
     async def _proxy(self, rid: str, req: ParsedRequest, decision: Dispatch, result: Result,
                      send: Send) -> tuple[int, str]:
         gw = self.gw
-        assert gw.client is not None and gw.pool is not None
+        assert gw.wire is not None and gw.pool is not None
         extra = [(b"x-request-id", rid.encode())]
         trace = current_trace()
         for attempt in range(2):
@@ -312,10 +319,8 @@ class CompletionsEndpoint:
             headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
                        "x-request-id": rid, **backend.headers()}
             upstream = trace.upstream(backend.name, backend.url + PATHS[self.kind], headers)  # + traceparent
-            request = gw.client.build_request("POST", backend.url + PATHS[self.kind], content=body,
-                                              headers=headers)
             try:
-                response = await gw.client.send(request, stream=True)
+                response = await gw.wire.post(backend.url + PATHS[self.kind], headers, body)
             except RETRYABLE as exc:
                 upstream.failed("connect", exc)
                 if isinstance(exc, httpx.PoolTimeout):  # our own budget, not the backend: shed, blame nobody
@@ -376,7 +381,7 @@ class CompletionsEndpoint:
                         trace.first_token()
 
                     watch = StreamWatch(result, injected, first_token)
-                    await relay_stream(response, send, watch, gw.config.upstream.sse_keepalive_s, extra)
+                    await relay_sse(response, send, watch, gw.config.upstream.sse_keepalive_s, extra)
                     if result.stream_error in ("timeout", "stream_broken"):
                         gw.metrics.upstream_errors.labels(backend.name, result.stream_error).inc()
             finally:
