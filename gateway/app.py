@@ -474,9 +474,10 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
         finally:
             await gw.stop()
 
+    direct = {"/v1/chat/completions": CompletionsEndpoint(gw, "chat"),
+              "/v1/completions": CompletionsEndpoint(gw, "completion")}
     routes = [
-        Route("/v1/chat/completions", CompletionsEndpoint(gw, "chat"), methods=["POST"]),
-        Route("/v1/completions", CompletionsEndpoint(gw, "completion"), methods=["POST"]),
+        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in direct.items()),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -494,7 +495,7 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
         log.debug("shed a request: %s", reason)
 
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(OverloadGuard, overload=gw.overload, on_shed=on_shed)],
+                    middleware=[Middleware(OverloadGuard, overload=gw.overload, on_shed=on_shed, direct=direct)],
                     exception_handlers={GatewayError: on_gateway_error, HTTPException: on_http_error,
                                         Exception: on_crash})
     app.state.gateway = gw

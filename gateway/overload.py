@@ -95,12 +95,18 @@ class Overload:
 
 
 class OverloadGuard:
-    """ASGI middleware: sheds new completions requests while the worker is behind, counts the rest."""
+    """ASGI middleware: sheds new completions requests while the worker is behind, counts the rest.
 
-    def __init__(self, app: ASGIApp, overload: Overload, on_shed: Callable[[Headers, str], None]) -> None:
+    ``direct``: raw ASGI endpoints (path → app) a POST is handed to straight away, skipping the
+    router and exception middleware layers that cost a coroutine frame per response chunk; they
+    answer their own errors (a crash still reaches the outer error middleware)."""
+
+    def __init__(self, app: ASGIApp, overload: Overload, on_shed: Callable[[Headers, str], None],
+                 direct: dict[str, ASGIApp] | None = None) -> None:
         self.app = app
         self.overload = overload
         self.on_shed = on_shed
+        self.direct = direct or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith(SHED_PATHS):
@@ -117,6 +123,6 @@ class OverloadGuard:
             return
         ov.inflight += 1
         try:
-            await self.app(scope, receive, send)
+            await self.direct.get(scope["path"], self.app)(scope, receive, send)
         finally:
             ov.inflight -= 1
