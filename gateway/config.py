@@ -108,10 +108,12 @@ class OverloadConfig(_Strict):
     """When a worker sheds NEW requests (503 ``overloaded`` + ``Retry-After``); streams in flight go on."""
 
     max_lag_ms: float = Field(250.0, gt=0)
-    """Shed while the event loop runs this late (measured by a task that sleeps ``interval_ms``)."""
+    """Shed while the event loop runs this late on average over ``window_s`` (a task that sleeps
+    ``interval_ms`` measures how late it wakes), so one slow tick alone sheds nothing."""
     interval_ms: float = Field(50.0, gt=0)
+    window_s: float = Field(1.0, gt=0)
     hold_s: float = Field(1.0, ge=0)
-    """Keep shedding this long after the last late tick, so the loop drains before taking more."""
+    """A timeout up to this long after a tick later than ``max_lag_ms`` is not blamed on the backend."""
     max_inflight: int | None = Field(None, ge=1)
     """Completions requests one worker holds (waiting or relaying); beyond it new ones are shed."""
     retry_after_s: int = Field(1, ge=1)

@@ -2,9 +2,10 @@
 
 Two signals, both local to one worker:
 
-- **event-loop lag**: a monitor task sleeps ``interval_ms`` and measures how late it wakes. Past
-  ``max_lag_ms`` the worker is behind; it sheds for ``hold_s`` after the last late tick, so the
-  loop drains before it takes more.
+- **event-loop lag**: a monitor task sleeps ``interval_ms`` and measures how late it wakes; the
+  worker is behind while the average over about ``window_s`` (an exponential moving average, time
+  weighted) exceeds ``max_lag_ms``. A single slow tick (a burst of connections) sheds nothing; a
+  loop that stays behind sheds until it has caught up.
 - **requests in flight** (``max_inflight``, off by default): completions requests this worker holds,
   waiting for a seat or relaying. Beyond it, new ones are shed.
 
@@ -38,6 +39,7 @@ class Overload:
     def __init__(self, config: OverloadConfig) -> None:
         self.config = config
         self.lag_s = 0.0
+        self.avg_lag_s = 0.0
         self.max_lag_s = 0.0
         self.late_until = 0.0
         self.inflight = 0
@@ -60,23 +62,30 @@ class Overload:
         while True:
             before = loop.time()
             await asyncio.sleep(interval)
-            self.observe(loop.time() - before - interval)
+            elapsed = loop.time() - before
+            self.observe(elapsed - interval, elapsed)
 
-    def observe(self, lag_s: float, now: float | None = None) -> None:
-        """One measurement of how late the loop ran (the monitor's, or a test's)."""
+    def observe(self, lag_s: float, elapsed_s: float, now: float | None = None) -> None:
+        """One measurement: the loop ran ``lag_s`` late over a tick of ``elapsed_s`` (monitor or test)."""
         self.lag_s = max(0.0, lag_s)
         self.max_lag_s = max(self.max_lag_s, self.lag_s)
+        self.avg_lag_s += (self.lag_s - self.avg_lag_s) * min(1.0, elapsed_s / self.config.window_s)
         if self.lag_s * 1000 > self.config.max_lag_ms:
             self.late_until = (time.monotonic() if now is None else now) + self.config.hold_s
 
+    def behind(self) -> bool:
+        """Whether the loop has been late on average: new requests would only make it worse."""
+        return self.avg_lag_s * 1000 > self.config.max_lag_ms
+
     def lagging(self, now: float | None = None) -> bool:
-        """Whether the loop is (or was, within ``hold_s``) behind: deadlines passing now prove nothing."""
+        """Whether the loop ran late (past ``max_lag_ms``) within ``hold_s``: deadlines passing now
+        prove nothing about the backend."""
         return (time.monotonic() if now is None else now) < self.late_until
 
     def reason(self) -> str | None:
         """Why a new request would be shed now, or None to admit it."""
-        if self.lagging():
-            return f"event loop {self.lag_s * 1000:.0f} ms behind"
+        if self.behind():
+            return f"event loop {self.avg_lag_s * 1000:.0f} ms behind on average"
         cap = self.config.max_inflight
         if cap is not None and self.inflight >= cap:
             return f"{self.inflight} requests in flight"

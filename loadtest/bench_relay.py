@@ -2,6 +2,7 @@
 
     python -m loadtest.bench_relay [--streams 500,2000] [--interval 0.1] [--tokens 50] [--workers 1]
                                    [--redis-url URL] [--short-seconds 10] [--baseline /work/main]
+                                   [--set overload.max_lag_ms=500]
 
 Starts the synthetic SGLang-like upstream (loadtest/relay_upstream.py), the gateway (``--workers``
 processes; with ``--redis-url`` they share state), sglang-router (``round_robin``) if it is
@@ -137,9 +138,18 @@ def measure(target: Target, load_args: list[str]) -> dict[str, Any]:
     return result
 
 
-def gateway_config(path: Path, upstream: str) -> Path:
-    cfg = {"models": {MODEL: {"backends": [{"url": upstream, "name": "up"}]}},
-           "teams": {"default": {"max_concurrency": 100_000, "max_queue": 100_000, "queue_timeout_s": 300}}}
+def gateway_config(path: Path, upstream: str, overrides: list[str] = ()) -> Path:  # type: ignore[assignment]
+    """The benchmark's gateway config; ``overrides`` are ``dotted.key=YAML`` (e.g. ``overload.max_lag_ms=500``)."""
+    cfg: dict[str, Any] = {"models": {MODEL: {"backends": [{"url": upstream, "name": "up"}]}},
+                           "teams": {"default": {"max_concurrency": 100_000, "max_queue": 100_000,
+                                                 "queue_timeout_s": 300}}}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = cfg
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = yaml.safe_load(value)
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -162,6 +172,8 @@ def main() -> None:
     parser.add_argument("--short-rate", type=float, default=400.0, help="requests/s in all (0: closed loop)")
     parser.add_argument("--baseline", type=Path, default=None, help="also run the gateway from this checkout")
     parser.add_argument("--no-router", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override the (branch) gateway's config, e.g. overload.max_lag_ms=500 (repeatable)")
     args = parser.parse_args()
     py = sys.executable
     up_port = free_port()
@@ -170,12 +182,14 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-relay-")))
         stack.enter_context(process([py, "-m", "loadtest.relay_upstream", "--port", str(up_port),
                                      "--interval", str(args.interval)], upstream + "/health"))
-        cfg = gateway_config(tmp / "gateway.yaml", upstream)
+        cfg = gateway_config(tmp / "gateway.yaml", upstream, args.set)
+        base_cfg = gateway_config(tmp / "baseline.yaml", upstream)
         targets: list[Target] = []
         sources = [("cachegate", HERE)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
         for name, src in sources:
+            conf = cfg if name == "cachegate" else base_cfg
             port = free_port()
-            cmd = [py, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port), "--log-level",
+            cmd = [py, "-m", "gateway.cli", "serve", "--config", str(conf), "--port", str(port), "--log-level",
                    "warning", "--policy", args.policy, "--workers", str(args.workers)]
             if args.redis_url:
                 cmd += ["--redis-url", args.redis_url]
