@@ -35,7 +35,8 @@ class WireResponse(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.status_code = 0
-        self.headers = httpx.Headers()
+        self.headers: dict[str, str] = {}
+        """Lower-case names; a repeated header keeps its last value (none the gateway reads repeats)."""
         self.raw = b""
         self.out: list[bytes] = []
         self.pending = 0
@@ -109,8 +110,8 @@ class WireResponse(asyncio.Protocol):
             self.error = httpx.RemoteProtocolError("malformed upstream status line")
             return
         self.status_code = int(parts[1])
-        items = [(k.strip(), v.strip()) for k, _, v in (ln.partition(b":") for ln in lines[1:])]
-        self.headers = httpx.Headers(items)
+        self.headers = {k.strip().lower().decode("latin-1"): v.strip().decode("latin-1")
+                        for k, _, v in (ln.partition(b":") for ln in lines[1:])}
         self.chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
         length = self.headers.get("content-length")
         self.length = int(length) if length and length.isdigit() and not self.chunked else -1
@@ -261,6 +262,7 @@ class WireClient:
         self.open = 0
         self._freed: deque[asyncio.Future[None]] = deque()
         self._ssl: ssl.SSLContext | None = None
+        self._targets: dict[str, tuple[tuple[str, str, int], bytes]] = {}
 
     def put_back(self, conn: WireResponse) -> None:
         assert conn.transport is not None
@@ -326,14 +328,17 @@ class WireClient:
 
     async def post(self, url: str, headers: dict[str, str], body: bytes) -> WireResponse:
         """Send ``POST url`` and wait for the response head; the body is read with ``receive``."""
-        parts = urlsplit(url)
-        scheme = parts.scheme
-        port = parts.port or (443 if scheme == "https" else 80)
-        key = (scheme, parts.hostname or "", port)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        head = [f"POST {target} HTTP/1.1", f"host: {parts.netloc}", f"content-length: {len(body)}"]
-        head += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in ("host", "content-length")]
-        request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        known = self._targets.get(url)
+        if known is None:
+            parts = urlsplit(url)
+            scheme = parts.scheme
+            port = parts.port or (443 if scheme == "https" else 80)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            known = self._targets[url] = ((scheme, parts.hostname or "", port),
+                                          f"POST {target} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode("latin-1"))
+        key, first = known
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if k.lower() not in ("host", "content-length"))
+        request = b"%scontent-length: %d\r\n%s\r\n%s" % (first, len(body), lines.encode("latin-1"), body)
         for reused in (True, False):
             conn = self._take_idle(key) if reused else await self._connect(key)
             if conn is None:
