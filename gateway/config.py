@@ -107,7 +107,7 @@ class UpstreamConfig(_Strict):
 class OverloadConfig(_Strict):
     """When a worker sheds NEW requests (503 ``overloaded`` + ``Retry-After``); streams in flight go on."""
 
-    max_lag_ms: float = Field(250.0, gt=0)
+    max_lag_ms: float = Field(1000.0, gt=0)
     """Shed while the event loop runs this late on average over ``window_s`` (a task that sleeps
     ``interval_ms`` measures how late it wakes), so one slow tick alone sheds nothing."""
     interval_ms: float = Field(50.0, gt=0)

@@ -86,14 +86,16 @@ class WireResponse(asyncio.Protocol):
                 self._wake()
                 return
             raw = raw[end + 4 :]
+            if self.length == 0:
+                self.done = True
         if self.chunked:
             self.raw = self._dechunk(raw)
         else:
             self.raw = b""
+            if self.length >= 0:
+                raw = raw[: self.length]
+                self.length -= len(raw)
             if raw:
-                if self.length >= 0:
-                    raw = raw[: self.length]
-                    self.length -= len(raw)
                 self.out.append(raw)
                 self.pending += len(raw)
             if self.length == 0:
@@ -115,6 +117,8 @@ class WireResponse(asyncio.Protocol):
         self.chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
         length = self.headers.get("content-length")
         self.length = int(length) if length and length.isdigit() and not self.chunked else -1
+        if self.status_code in (204, 304):
+            self.length, self.chunked = 0, False
         self.reusable = (parts[0] == b"HTTP/1.1" and self.headers.get("connection", "").lower() != "close"
                          and (self.chunked or self.length >= 0))
         self.head_done = True
@@ -173,9 +177,11 @@ class WireResponse(asyncio.Protocol):
             self.error = self.error or httpx.ReadTimeout("the upstream went silent for too long")
             self._wake()
             return
-        self._arm()
         if self.keepalive_s and now - max(self.last_rx, self.last_signal) >= self.keepalive_s:
-            self._wake()
+            self._wake()  # receive() returns SILENCE; look again one keep-alive period from now
+            self.timer = self.loop.call_at(min(self.last_rx + self.idle_s, now + self.keepalive_s), self._check)
+            return
+        self._arm()
 
     def watch_silence(self, keepalive_s: float) -> None:
         """From now on ``receive`` returns ``SILENCE`` after each ``keepalive_s`` without data."""

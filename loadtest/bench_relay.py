@@ -158,8 +158,9 @@ def _fmt_errors(errors: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "0"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="cachegate bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", default="500,2000", help="levels of concurrent streams, comma-separated")
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between chunks of a stream")
     parser.add_argument("--tokens", type=int, default=50, help="content chunks per stream")
@@ -174,7 +175,7 @@ def main() -> None:
     parser.add_argument("--no-router", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override the (branch) gateway's config, e.g. overload.max_lag_ms=500 (repeatable)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     py = sys.executable
     up_port = free_port()
     upstream = f"http://127.0.0.1:{up_port}"
