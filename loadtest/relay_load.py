@@ -54,16 +54,20 @@ class StreamClient(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.monotonic()
-        if self.status is None:
+        if self.status is None or self.status != 200:
             self.head += data
             end = self.head.find(b"\r\n\r\n")
             if end < 0:
                 return
             self.status = int(self.head[9:12])
-            data, self.head = self.head[end + 4 :], b""
-            if self.status != 200:
-                self._finish(f"status_{self.status}")
+            if self.status != 200:  # read the error body for its code: status_503_overloaded
+                i = self.head.find(b'"code":"')
+                if i < 0 and not self.head.endswith(b"}"):
+                    return
+                code = self.head[i + 8 : self.head.find(b'"', i + 8)].decode() if i >= 0 else ""
+                self._finish(f"status_{self.status}" + (f"_{code}" if code else ""))
                 return
+            data, self.head = self.head[end + 4 :], b""
         buf = self.rest + data
         last = 0
         while True:
