@@ -274,7 +274,12 @@ class WireClient:
         assert conn.transport is not None
         transport = conn.transport
         conn.transport = None
-        self.idle.setdefault(conn.key, deque()).append((conn.loop.time(), transport, conn))
+        now = conn.loop.time()
+        idle = self.idle.setdefault(conn.key, deque())
+        while idle and (idle[0][1].is_closing() or now - idle[0][0] >= self.keepalive_expiry_s):
+            idle.popleft()[1].close()  # the oldest went stale: free its socket and its slot now
+            self.release()
+        idle.append((now, transport, conn))
 
     def _take_idle(self, key: tuple[str, str, int]) -> WireResponse | None:
         idle = self.idle.get(key)
@@ -301,10 +306,10 @@ class WireClient:
     async def _connect(self, key: tuple[str, str, int]) -> WireResponse:
         loop = asyncio.get_running_loop()
         while self.open >= self.max_connections:
-            for _, transport, _conn in self.idle.pop(key, ()) or ():
-                transport.close()
+            oldest = min((q for q in self.idle.values() if q), key=lambda q: q[0][0], default=None)
+            if oldest is not None:  # an idle connection (to any upstream) gives its slot up
+                oldest.popleft()[1].close()
                 self.release()
-            if self.open < self.max_connections:
                 break
             waiter: asyncio.Future[None] = loop.create_future()
             self._freed.append(waiter)

@@ -174,3 +174,19 @@ async def test_budget_full_is_pool_timeout_and_refused_is_connect_error() -> Non
         await again.aclose()
     with pytest.raises(httpx.ConnectError):
         await client().post(url + "/x", {}, b"{}")
+
+
+async def test_idle_connection_to_another_upstream_gives_its_slot_up() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    async with server(handler) as (a, _), server(handler) as (b, _):
+        wc = client(max_connections=1, connect_timeout_s=0.2)
+        for url in (a, b, a):
+            response = await wc.post(url + "/x", {}, b"{}")
+            assert b"".join([p async for p in response.aiter_raw()]) == b"{}"
+            await response.aclose()
+        assert wc.open == 1
