@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
@@ -29,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.config import OverloadConfig
 from gateway.errors import error_body
 
+log = logging.getLogger("cachegate.overload")
 SHED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 CODE = "overloaded"
 
@@ -44,6 +46,7 @@ class Overload:
         self.late_until = 0.0
         self.inflight = 0
         self.shed = 0
+        self.last_shed = -1e9
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -124,6 +127,10 @@ class OverloadGuard:
         ov = self.overload
         reason = ov.reason()
         if reason is not None:
+            now = time.monotonic()
+            if now - ov.last_shed > 10:  # once per episode, not once per request
+                log.warning("shedding new requests: %s (%d in flight)", reason, ov.inflight)
+            ov.last_shed = now
             ov.shed += 1
             self.on_shed(Headers(scope=scope), reason)
             headers, body = ov.refusal(scope["path"])
