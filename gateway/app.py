@@ -294,6 +294,8 @@ class CompletionsEndpoint:
         except GatewayError as err:
             status = err.status
             trace.failed(err.status, err.code)
+            if err.code == "overloaded":  # the upstream connection budget was full: a refusal, like a shed
+                m.refusals.labels(team, err.code).inc()
             await send_bytes(send, err.status, error_body(err.status, err.message, err.code), b"application/json",
                              [(b"x-request-id", rid.encode()),
                               *((k.encode(), v.encode()) for k, v in err.headers.items())])

@@ -73,6 +73,7 @@ def test_full_connection_budget_sheds_and_never_ejects(tmp_path: Path) -> None:
             expected = b"".join(script_events("plain", include_usage=False))
             results, healthy = _drive(base, 4, f"127.0.0.1:{up.port}")
             _check(results, healthy, expected)
+            assert 'reason="overloaded"' in httpx.get(base + "/metrics").text
             assert _stream(base)[0] == 200, "still in rotation afterwards"
 
 
