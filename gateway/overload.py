@@ -44,6 +44,7 @@ class Overload:
         self.avg_lag_s = 0.0
         self.max_lag_s = 0.0
         self.late_until = 0.0
+        self.last_tick = time.monotonic()
         self.inflight = 0
         self.shed = 0
         self.last_shed = -1e9
@@ -70,6 +71,7 @@ class Overload:
 
     def observe(self, lag_s: float, elapsed_s: float, now: float | None = None) -> None:
         """One measurement: the loop ran ``lag_s`` late over a tick of ``elapsed_s`` (monitor or test)."""
+        self.last_tick = time.monotonic() if now is None else now
         self.lag_s = max(0.0, lag_s)
         self.max_lag_s = max(self.max_lag_s, self.lag_s)
         self.avg_lag_s += (self.lag_s - self.avg_lag_s) * min(1.0, elapsed_s / self.config.window_s)
@@ -82,8 +84,11 @@ class Overload:
 
     def lagging(self, now: float | None = None) -> bool:
         """Whether the loop ran late (past ``max_lag_ms``) within ``hold_s``: deadlines passing now
-        prove nothing about the backend."""
-        return (time.monotonic() if now is None else now) < self.late_until
+        prove nothing about the backend. Also true while the monitor itself is overdue: a stalled loop
+        may run a timeout's callback before the monitor has measured the stall."""
+        now = time.monotonic() if now is None else now
+        overdue = now - self.last_tick > (self.config.interval_ms + self.config.max_lag_ms) / 1000
+        return now < self.late_until or (self._task is not None and overdue)
 
     def reason(self) -> str | None:
         """Why a new request would be shed now, or None to admit it."""
