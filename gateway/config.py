@@ -183,7 +183,9 @@ class Config(_Strict):
     def upstream_connections(self) -> int:
         """The upstream connection budget of one worker: the configured cap, else every request the
         team limits can admit at once (each holds one connection) plus a retry's worth per backend,
-        so the pool never refuses a request admission let through."""
+        so the pool never refuses a request admission let through. Limits raised at runtime (admin
+        API) are not counted: set ``upstream.max_connections`` if you raise them far; past the budget a
+        request waits ``connect_timeout_s`` for a connection, then gets 503 ``overloaded``."""
         if self.upstream.max_connections is not None:
             return self.upstream.max_connections
         backends = sum(len(m.backends) for m in self.models.values())
