@@ -69,6 +69,16 @@ class RequestPath:
         self.gw = gateway
         self.surface = surface
 
+    def overloaded(self, message: str, retry_after_s: int) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """A 503 ``overloaded`` in the surface's envelope (the overload guard sheds with it)."""
+        reply = self.surface.error(
+            GatewayError(503, message, "overloaded", headers={"retry-after": str(retry_after_s)})
+        )
+        headers = [(b"content-type", reply.content_type), (b"content-length", str(len(reply.body)).encode())]
+        if not any(k == b"x-cachegate-code" for k, _ in reply.headers):
+            headers.append((b"x-cachegate-code", b"overloaded"))
+        return [*headers, *reply.headers], reply.body
+
     async def _reply_error(self, send: Send, err: GatewayError, rid: str) -> None:
         reply = self.surface.error(err)
         await send_bytes(
@@ -168,6 +178,8 @@ class RequestPath:
             return
         finally:
             await held.stop()
+            if not held.opened:
+                send = held.inner  # nothing to rewrite: one wrapper less per relayed chunk
             m.queued.labels(team).dec()
             waited = time.monotonic() - arrived
             record.queue_wait_s = waited
@@ -184,6 +196,9 @@ class RequestPath:
             if exchange.error is not None:
                 err = exchange.error
                 trace.failed(err.status, err.code)
+                if err.code == "overloaded":  # the worker's own upstream connection budget: a refusal
+                    m.refusals.labels(team, err.code).inc()
+                    record.refusal = err.code
                 await self._reply_error(send, err, rid)
         except asyncio.CancelledError:
             client_left = True
