@@ -110,7 +110,8 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
     ]
     configure_access_log(config.access_log)
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(AccessLog, routes=routes, metrics=gw.metrics, fmt=config.access_log),
+                    middleware=[Middleware(AccessLog, routes=routes, metrics=gw.metrics, fmt=config.access_log,
+                                           self_reporting=direct),
                                 Middleware(OverloadGuard, overload=gw.overload, on_shed=gw.shed, direct=direct)],
                     exception_handlers={GatewayError: on_gateway_error, HTTPException: on_http_error,
                                         Exception: on_crash})

@@ -110,6 +110,7 @@ class RequestPath:
             gw.metrics.requests.labels(team, "", "", str(err.status)).inc()
             trace.failed(err.status, err.code)
             trace.end()
+            record.status = err.status  # AccessLog does not watch this route's sends (see access.py)
             await self._reply_error(send, err, rid)
             return
         bind(trace)  # the tasks below inherit it (current_trace())
@@ -118,8 +119,11 @@ class RequestPath:
         async def send_tracked(message: Message) -> None:
             nonlocal complete
             await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                complete = True
+            if message["type"] == "http.response.body":
+                if not message.get("more_body", False):
+                    complete = True
+            elif message["type"] == "http.response.start" and not record.status:
+                record.status = int(message["status"])  # the status the client got, for the access log
 
         work = asyncio.create_task(self._serve(rid, team, req, arrived, send_tracked, record))
         watcher = asyncio.create_task(_wait_disconnect(receive))

@@ -29,6 +29,7 @@ import orjson
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.access import access_record
 from gateway.config import OverloadConfig
 from gateway.errors import error_body
 
@@ -165,6 +166,7 @@ class OverloadGuard:
             self.on_shed(Headers(scope=scope), reason)
             headers, body = (ov.refusal(path) if endpoint is None
                              else endpoint.overloaded(MESSAGE, self.overload.config.retry_after_s))
+            access_record(scope).status = 503  # the access log does not watch a direct route's sends
             await send({"type": "http.response.start", "status": 503, "headers": headers})
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return

@@ -53,12 +53,16 @@ async def test_a_worker_behind_sheds_every_surface_in_its_envelope(upstream: Fak
         assert (await client.get("/v1/models")).status_code == 200, "only the surfaces' POSTs are shed"
         cancel = await client.post("/v1/responses/resp_nope/cancel")
         assert cancel.status_code == 404, "a response's cancel is not a new request"
+        assert (await client.get("/v1/messages")).status_code == 405
         metrics = (await client.get("/metrics")).text
         shed = ov.shed
         ov.avg_lag_s = 0.0
         served = await client.post("/v1/messages", json=BODIES["/messages"])
     assert shed == len(BODIES)
     assert 'cachegate_admission_refusals_total{reason="overloaded",team="default"} 5.0' in metrics
+    # the access log's per-route count saw every answer, the shed ones and a wrong method alike
+    assert 'cachegate_http_requests_total{method="POST",route="/messages",status="503"} 1.0' in metrics
+    assert 'cachegate_http_requests_total{method="GET",route="/v1/messages",status="405"} 1.0' in metrics
     assert served.status_code == 200 and served.json()["type"] == "message", "caught up: served again"
 
 
