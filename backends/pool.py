@@ -4,7 +4,9 @@ A backend is in rotation while its health checks pass (``failures_to_eject`` fai
 take it out, the next success puts it back) and its circuit breaker (``policies/breaker.py``) is
 not open: requests that fail (connection refused at once; timeouts, 5xx and broken streams by
 streak or rate) open it, and a half-open probe (the next health check, or one request) closes it.
-A 4xx answer never counts against a backend (that is the request's fault).
+A 4xx answer never counts against a backend (that is the request's fault), nor does anything the
+gateway does to itself (backends/failures.py). Health checks and load polls use their own small
+client, so a request pool that is full or busy cannot starve them.
 """
 
 from __future__ import annotations
@@ -103,11 +105,16 @@ Listener = Callable[[str, list[BackendView]], None]
 
 
 class BackendPool:
-    def __init__(self, config: PoolConfig, client: httpx.AsyncClient | None,
+    def __init__(self, config: PoolConfig, keepalive_expiry_s: float = 3.0, *, polled: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """``client`` None: a pool that is never started, fed by its caller (the simulator)."""
+        """``polled`` False: a pool that is never started, fed by its caller (the simulator)."""
         self.config = config
-        self.client = client
+        n = max(1, sum(len(m.backends) for m in config.models.values()))
+        # Its own connections: at most a check and a poll per backend at a time.
+        self.client: httpx.AsyncClient | None = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=2 * n + 2, max_keepalive_connections=2 * n + 2,
+                                keepalive_expiry=keepalive_expiry_s),
+            trust_env=False) if polled else None
         self.models: dict[str, list[Backend]] = {
             alias: [Backend(alias, b, config.upstream_model(alias),
                             model_surfaces={str(k): str(v) for k, v in model.surfaces.items()},
@@ -151,6 +158,8 @@ class BackendPool:
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks)
         self._tasks = []
+        if self.client is not None:
+            await self.client.aclose()
 
     async def _health_loop(self) -> None:
         while True:

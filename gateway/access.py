@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -111,11 +111,15 @@ def configure_access_log(fmt: AccessFormat) -> None:
 class AccessLog:
     """ASGI middleware: records, logs and counts every HTTP request."""
 
-    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute], metrics: Metrics, fmt: AccessFormat = "text") -> None:
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute], metrics: Metrics, fmt: AccessFormat = "text",
+                 self_reporting: Collection[str] = ()) -> None:
         self.app = app
         self.routes = routes
         self.metrics = metrics
         self.fmt = fmt
+        self.self_reporting = frozenset(self_reporting)
+        """Paths whose POST endpoint sets ``AccessRecord.status`` itself (the request path, the overload
+        guard): their ``send`` is not wrapped, which would cost a frame per relayed chunk."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -132,7 +136,8 @@ class AccessLog:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_seen)
+            direct = method == "POST" and record.path in self.self_reporting
+            await self.app(scope, receive, send if direct else send_seen)
         finally:
             record.duration_s = time.monotonic() - started
             status = record.status or 499  # 499: the client left before any answer

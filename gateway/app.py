@@ -27,6 +27,7 @@ from gateway.lifecycle import RequestPath
 from gateway.messages_surface import MessagesSurface
 from gateway.metrics import Metrics
 from gateway.openai_surface import CHAT, COMPLETIONS
+from gateway.overload import OverloadGuard
 from gateway.responses_surface import ResponsesSurface
 from gateway.surface import Surface
 from gateway.worker import Gateway
@@ -97,9 +98,10 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
             for surface in surfaces:
                 await surface.close()
 
+    # The surfaces' endpoints, handed their POSTs by the overload guard (gateway/overload.py) directly.
+    direct = {path: RequestPath(gw, s) for s in surfaces for path in (s.path, ALSO_AT.get(s.path)) if path}
     routes = [
-        *(Route(s.path, RequestPath(gw, s), methods=["POST"]) for s in surfaces),
-        *(Route(ALSO_AT[s.path], RequestPath(gw, s), methods=["POST"]) for s in surfaces if s.path in ALSO_AT),
+        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in direct.items()),
         *client_routes(gw),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -108,7 +110,9 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
     ]
     configure_access_log(config.access_log)
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(AccessLog, routes=routes, metrics=gw.metrics, fmt=config.access_log)],
+                    middleware=[Middleware(AccessLog, routes=routes, metrics=gw.metrics, fmt=config.access_log,
+                                           self_reporting=direct),
+                                Middleware(OverloadGuard, overload=gw.overload, on_shed=gw.shed, direct=direct)],
                     exception_handlers={GatewayError: on_gateway_error, HTTPException: on_http_error,
                                         Exception: on_crash})
     app.state.gateway = gw

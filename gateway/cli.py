@@ -1,4 +1,4 @@
-"""The `cachegate` command: serve, sim-backend, simulate, loadtest, demo."""
+"""The `cachegate` command: serve, sim-backend, simulate, loadtest, demo, bench."""
 
 from __future__ import annotations
 
@@ -14,6 +14,15 @@ app.command("sim-backend")(sim_backend)
 app.command("simulate")(simulate)
 app.command("loadtest")(loadtest)
 app.command("demo")(demo)
+
+
+@app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                        "help_option_names": []})
+def bench(ctx: typer.Context) -> None:
+    """The relay benchmark (loadtest/bench_relay.py): cachegate against sglang-router; --help for options."""
+    from loadtest.bench_relay import main as bench_main
+
+    bench_main(list(ctx.args))
 
 
 @app.command("serve")

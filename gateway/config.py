@@ -86,7 +86,8 @@ class UpstreamConfig(_Strict):
     """Longest silence between two chunks of a stream (or before a non-stream answer) before 504."""
     keepalive_expiry_s: float = Field(3.0, gt=0)
     """Below SGLang's uvicorn ``timeout_keep_alive=5`` so a pooled connection is never reused as it closes."""
-    max_connections: int = Field(1000, ge=1)
+    max_connections: int | None = Field(None, ge=1)
+    """Upstream connections one worker may hold (default: derived, ``Config.upstream_connections``)."""
     sse_keepalive_s: float = Field(15.0, ge=0)
     """Send an SSE comment after this much upstream silence (0: never), so ingress idle timeouts hold."""
 
@@ -108,6 +109,22 @@ BreakerSection = section_model(Breaker, "BreakerSection", {
 """``breaker:``: keyword parameters of ``policies/breaker.py::Breaker`` (one per backend)."""
 
 
+class OverloadConfig(_Strict):
+    """When a worker sheds NEW requests (503 ``overloaded`` + ``Retry-After``); streams in flight go on."""
+
+    max_lag_ms: float = Field(1000.0, gt=0)
+    """Shed while the event loop runs this late on average over ``window_s`` (a task that sleeps
+    ``interval_ms`` measures how late it wakes), so one slow tick alone sheds nothing."""
+    interval_ms: float = Field(50.0, gt=0)
+    window_s: float = Field(1.0, gt=0)
+    hold_s: float = Field(1.0, ge=0)
+    """A timeout up to this long after a tick later than ``max_lag_ms`` is not blamed on the backend."""
+    max_inflight: int | None = Field(None, ge=1)
+    """Requests on the client surfaces' routes one worker holds (waiting or relaying); beyond it new
+    ones are shed."""
+    retry_after_s: int = Field(1, ge=1)
+
+
 class Config(_Strict):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     redis_url: str | None = None
@@ -127,6 +144,7 @@ class Config(_Strict):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    overload: OverloadConfig = Field(default_factory=OverloadConfig)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     workers: int | None = Field(None, ge=1)
     """Worker processes; unset: one per core available to the process with ``redis_url``, else 1."""
@@ -198,6 +216,17 @@ class Config(_Strict):
 
     def upstream_model(self, alias: str) -> str:
         return self.models[alias].upstream_model or alias
+
+    def upstream_connections(self) -> int:
+        """The upstream connection budget of one worker: the configured cap, else every request the
+        team limits can admit at once (each holds one connection) plus a retry's worth per backend,
+        so the pool never refuses a request admission let through. Limits raised at runtime (admin
+        API) are not counted: set ``upstream.max_connections`` if you raise them far; past the budget a
+        request waits ``connect_timeout_s`` for a connection, then gets 503 ``overloaded``."""
+        if self.upstream.max_connections is not None:
+            return self.upstream.max_connections
+        backends = sum(len(m.backends) for m in self.models.values())
+        return sum(t.max_concurrency for t in self.teams.values()) + 8 * max(1, backends)
 
 
 class _ListenEnv(PydanticBaseSettingsSource):

@@ -25,6 +25,8 @@ class HeldOpen:
 
     def __init__(self, send: Send, surface: Surface, rid: str, after_s: float, every_s: float) -> None:
         self._send = send
+        self.inner = send
+        """The wrapped ``send`` (the path uses it directly when the response was never opened early)."""
         self.surface = surface
         self.rid = rid
         self.after_s = after_s

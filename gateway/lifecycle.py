@@ -69,6 +69,16 @@ class RequestPath:
         self.gw = gateway
         self.surface = surface
 
+    def overloaded(self, message: str, retry_after_s: int) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """A 503 ``overloaded`` in the surface's envelope (the overload guard sheds with it)."""
+        reply = self.surface.error(
+            GatewayError(503, message, "overloaded", headers={"retry-after": str(retry_after_s)})
+        )
+        headers = [(b"content-type", reply.content_type), (b"content-length", str(len(reply.body)).encode())]
+        if not any(k == b"x-cachegate-code" for k, _ in reply.headers):
+            headers.append((b"x-cachegate-code", b"overloaded"))
+        return [*headers, *reply.headers], reply.body
+
     async def _reply_error(self, send: Send, err: GatewayError, rid: str) -> None:
         reply = self.surface.error(err)
         await send_bytes(
@@ -100,6 +110,7 @@ class RequestPath:
             gw.metrics.requests.labels(team, "", "", str(err.status)).inc()
             trace.failed(err.status, err.code)
             trace.end()
+            record.status = err.status  # AccessLog does not watch this route's sends (see access.py)
             await self._reply_error(send, err, rid)
             return
         bind(trace)  # the tasks below inherit it (current_trace())
@@ -108,8 +119,11 @@ class RequestPath:
         async def send_tracked(message: Message) -> None:
             nonlocal complete
             await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                complete = True
+            if message["type"] == "http.response.body":
+                if not message.get("more_body", False):
+                    complete = True
+            elif message["type"] == "http.response.start" and not record.status:
+                record.status = int(message["status"])  # the status the client got, for the access log
 
         work = asyncio.create_task(self._serve(rid, team, req, arrived, send_tracked, record))
         watcher = asyncio.create_task(_wait_disconnect(receive))
@@ -168,6 +182,8 @@ class RequestPath:
             return
         finally:
             await held.stop()
+            if not held.opened:
+                send = held.inner  # nothing to rewrite: one wrapper less per relayed chunk
             m.queued.labels(team).dec()
             waited = time.monotonic() - arrived
             record.queue_wait_s = waited
@@ -184,6 +200,9 @@ class RequestPath:
             if exchange.error is not None:
                 err = exchange.error
                 trace.failed(err.status, err.code)
+                if err.code == "overloaded":  # the worker's own upstream connection budget: a refusal
+                    m.refusals.labels(team, err.code).inc()
+                    record.refusal = err.code
                 await self._reply_error(send, err, rid)
         except asyncio.CancelledError:
             client_left = True

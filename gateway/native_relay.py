@@ -1,7 +1,8 @@
 """Passthrough relays for a backend that serves /v1/responses or /v1/messages itself.
 
-The answer is relayed byte for byte (``relay_stream``: keep-alives, the in-stream error of a broken
-upstream); what the gateway needs is read on the way, as ``StreamWatch`` does for chat: the first
+The answer is relayed byte for byte on the one relay loop (``gateway/relay.py``: keep-alives, one
+send per read; a broken upstream ends with one error event in the surface's shape); what the
+gateway needs is read on the way, as ``StreamWatch`` does for chat: the first
 generated delta (time to first token), the usage (converted to chat's shape so accounting is the
 same on every surface), the finish, and for Responses the final Response object (stored, so
 ``previous_response_id``, GET and cancel work through the gateway). Upstream errors are re-shaped
@@ -14,14 +15,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
 import orjson
-from starlette.types import Message, Send
+from starlette.types import Send
 
-from gateway.proxy import Result, StreamWatch, relay_stream, send_bytes
+from gateway.proxy import Result, StreamWatch, send_bytes
+from gateway.relay import SseFilter, relay_events, split_events
 from gateway.surface import Relay, RelayContext
-from gateway.translate.common import read_upstream_error, sse_event
+from gateway.translate.common import sse_event
 from gateway.translate.messages import error_envelope
+from gateway.wire import WireResponse
 
 Reshape = Callable[[int, bytes], tuple[int, bytes]]
 
@@ -118,6 +120,27 @@ def _payload(event: bytes) -> Any:
         return None
 
 
+class _Native(SseFilter):
+    """The relay loop's filter of a native stream: every event read (``NativeWatch``), none changed;
+    a broken upstream ends with one ``error`` event in the surface's shape (no ``[DONE]``)."""
+
+    def __init__(self, watch: NativeWatch, kind: str) -> None:
+        super().__init__(watch)
+        self.kind = kind
+
+    def events(self, events: bytes, now: float) -> bytes:
+        forward = self.watch.forward
+        for event in split_events(events):
+            forward(event)
+        return events
+
+    def broken(self, status: int, message: str, code: str) -> bytes:
+        if self.kind == "messages":
+            return sse_event("error", error_envelope(status, message, code))
+        return sse_event("error", {"type": "error", "code": code, "message": message, "param": None,
+                                   "sequence_number": 0})
+
+
 class NativeRelay(Relay):
     """Byte-exact relay of a native Responses or Messages answer (see the module docstring).
     ``done(final, ok)`` (async) hears the final object: the Response or Message, and whether it
@@ -129,30 +152,13 @@ class NativeRelay(Relay):
         self.reshape = reshape
         self.done = done
 
-    async def stream(self, response: httpx.Response, send: Send, ctx: RelayContext) -> None:
+    async def stream(self, response: WireResponse, send: Send, ctx: RelayContext) -> None:
         watch = NativeWatch(ctx.result, ctx.first_token, self.kind)
-
-        async def reshaped(message: Message) -> None:
-            # relay_stream ends a broken upstream with chat's error event: give it this surface's shape
-            body = message.get("body", b"")
-            if ctx.result.stream_error in ("timeout", "stream_broken") and body.startswith(b'data: {"error"'):
-                message = {**message, "body": self._broken(body)}
-            await send(message)
-
-        await relay_stream(response, reshaped, watch, ctx.keepalive_s, ctx.headers)
+        await relay_events(response, send, _Native(watch, self.kind), ctx.keepalive_s, ctx.headers)
         if not watch.finished and ctx.result.stream_error is None:
             ctx.result.stream_error = "stream_broken"
         if self.done is not None:
             await self.done(watch.final, watch.finished)
-
-    def _broken(self, event: bytes) -> bytes:
-        payload = _payload(event.split(b"\n\n", 1)[0] + b"\n\n")
-        err = read_upstream_error(502, payload if isinstance(payload, dict) else None)
-        status = 504 if err.code == "upstream_timeout" else 502
-        if self.kind == "messages":
-            return sse_event("error", error_envelope(status, err.message, err.code))
-        return sse_event("error", {"type": "error", "code": err.code, "message": err.message, "param": None,
-                                   "sequence_number": 0})
 
     async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
                     ctx: RelayContext) -> None:
@@ -177,15 +183,3 @@ def _json(payload: bytes) -> Any:
         return orjson.loads(payload)
     except orjson.JSONDecodeError:
         return None
-
-
-def send_start(send: Send, first: Callable[[], bytes]) -> Callable[[Message], Awaitable[None]]:
-    """A ``send`` that follows a 200 ``http.response.start`` with ``first()`` at once (a translated
-    stream's ``response.created`` / ``message_start`` go out on dispatch, not at the first token)."""
-
-    async def wrapped(message: Message) -> None:
-        await send(message)
-        if message["type"] == "http.response.start" and message.get("status") == 200:
-            await send({"type": "http.response.body", "body": first(), "more_body": True})
-
-    return wrapped

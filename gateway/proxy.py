@@ -1,17 +1,16 @@
-"""The upstream hop: forward a request to a backend and relay its answer.
+"""What the upstream hop learns from an answer (``Result``), and how it reads one.
 
-SSE is relayed event by event as it arrives, bytes untouched. The only things read are the first
-generated delta (time to first token) and the usage chunk; the usage chunk the gateway asked for
-on its own behalf is dropped before the client sees it.
+SSE is relayed event by event as it arrives, bytes untouched (gateway/relay.py, over the lean
+client of gateway/wire.py). The only things read are the first generated delta (time to first
+token) and the usage chunk; the usage chunk the gateway asked for on its own behalf is dropped
+before the client sees it (``StreamWatch``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,10 +18,9 @@ import httpx
 import orjson
 from starlette.types import Send
 
-from gateway.errors import error_body
+from gateway.wire import WireResponse
 
 _USAGE_NULL = re.compile(rb'"usage"\s*:\s*null')
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError)
 
 SSE_HEADERS = [
@@ -122,63 +120,7 @@ def _payload(event: bytes) -> Any:
         return None
 
 
-async def relay_stream(response: httpx.Response, send: Send, watch: StreamWatch, keepalive_s: float,
-                       extra_headers: list[tuple[bytes, bytes]]) -> None:
-    """Relay an upstream SSE response to the client, event by event."""
-    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra_headers})
-    result = watch.result
-    lock = asyncio.Lock()
-    last_sent = time.monotonic()
-
-    async def emit(data: bytes) -> None:
-        nonlocal last_sent
-        async with lock:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-        last_sent = time.monotonic()
-        result.client_bytes += len(data)
-
-    async def keepalive() -> None:
-        # SSE comments keep ingress and load-balancer idle timers from cutting a long prefill.
-        while True:
-            await asyncio.sleep(max(0.05, keepalive_s - (time.monotonic() - last_sent)))
-            if time.monotonic() - last_sent >= keepalive_s:
-                await emit(b": keepalive\n\n")
-
-    pinger = asyncio.create_task(keepalive()) if keepalive_s > 0 else None
-    buffer = b""
-    try:
-        try:
-            async for chunk in response.aiter_raw():
-                buffer += chunk
-                out: list[bytes] = []
-                start = 0
-                for match in _EVENT_END.finditer(buffer):
-                    event = buffer[start : match.end()]
-                    start = match.end()
-                    if watch.forward(event):
-                        out.append(event)
-                buffer = buffer[start:]
-                if out:
-                    await emit(b"".join(out))
-            if buffer:
-                await emit(buffer)
-        except (httpx.TimeoutException, httpx.TransportError) as exc:
-            kind = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream_broken"
-            result.stream_error = kind
-            message = ("The upstream stream went silent for too long." if kind == "timeout"
-                       else "The upstream connection broke during the stream.")
-            status = 504 if kind == "timeout" else 502
-            await emit(b"data: " + error_body(status, message, f"upstream_{kind}") + b"\n\ndata: [DONE]\n\n")
-    finally:
-        if pinger is not None:
-            pinger.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pinger
-    async with lock:
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def read_body(response: httpx.Response, limit: int = 64 * 1024 * 1024) -> bytes:
+async def read_body(response: WireResponse, limit: int = 64 * 1024 * 1024) -> bytes:
     parts: list[bytes] = []
     size = 0
     async for chunk in response.aiter_raw():
@@ -211,6 +153,3 @@ def read_usage(body: bytes, result: Result) -> None:
     for choice in payload.get("choices") or []:
         if isinstance(choice, dict) and choice.get("finish_reason"):
             result.finish_reasons.append(str(choice["finish_reason"]))
-
-
-OpenStream = Callable[[], Awaitable[httpx.Response]]

@@ -22,8 +22,8 @@ routing, upstream attempts and retries, release, metrics, traces, access log):
    ``"stream_broken"`` when the upstream broke off, any other text for an error event); and send
    the complete ASGI response (``http.response.start`` and a last body message). ``PassthroughRelay``
    is the byte-exact relay of an OpenAI-shaped answer (chat, completions); ``TranslatingRelay``
-   relays an upstream chat stream through the same machinery and rewrites each event (a subclass
-   gives ``translate_event``, ``finish_stream``, ``translate_whole``).
+   relays an upstream chat stream on the same loop (``gateway/relay.py``) and rewrites each event (a
+   subclass gives ``translate_event``, ``start_stream``, ``finish_stream``, ``translate_whole``).
 
 To add a surface: subclass ``Surface`` (``name``, ``path``, the three methods), give it a ``Relay``
 if its answers are not relayed byte for byte, and list it in ``gateway/app.py``'s ``default_surfaces``.
@@ -31,23 +31,22 @@ if its answers are not relayed byte for byte, and list it in ``gateway/app.py``'
 
 from __future__ import annotations
 
-import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-from starlette.types import Message, Send
+from starlette.types import Send
 
 from backends.config import BackendConfig
 from gateway.errors import GatewayError, error_body
-from gateway.proxy import Result, StreamWatch, read_usage, relay_stream, send_bytes
+from gateway.proxy import Result, StreamWatch, read_usage, send_bytes
+from gateway.relay import SseFilter, relay_events, split_events
 from gateway.translate.responses import reshape_upstream_error
+from gateway.wire import SILENCE, WireResponse
 
 Headers = list[tuple[bytes, bytes]]
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 
 
 @dataclass(slots=True)
@@ -102,8 +101,8 @@ class Relay(ABC):
     """Turns one upstream answer into the client's answer (see the module docstring)."""
 
     @abstractmethod
-    async def stream(self, response: httpx.Response, send: Send, ctx: RelayContext) -> None:
-        """Relay a 200 event-stream answer as it arrives."""
+    async def stream(self, response: WireResponse, send: Send, ctx: RelayContext) -> None:
+        """Relay a 200 event-stream answer as it arrives (``gateway/relay.py`` is the loop to run it on)."""
 
     @abstractmethod
     async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
@@ -117,9 +116,9 @@ class PassthroughRelay(Relay):
     def __init__(self, strip_usage: bool) -> None:
         self.strip_usage = strip_usage
 
-    async def stream(self, response: httpx.Response, send: Send, ctx: RelayContext) -> None:
+    async def stream(self, response: WireResponse, send: Send, ctx: RelayContext) -> None:
         watch = StreamWatch(ctx.result, self.strip_usage, ctx.first_token)
-        await relay_stream(response, send, watch, ctx.keepalive_s, ctx.headers)
+        await relay_events(response, send, SseFilter(watch), ctx.keepalive_s, ctx.headers)
 
     async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         if status == 200:
@@ -133,19 +132,56 @@ class PassthroughRelay(Relay):
         await send_bytes(send, status, payload, content_type, ctx.headers)
 
 
+class _Translating(SseFilter):
+    """The relay loop's filter of a ``TranslatingRelay``: chat's accounting over each upstream event
+    (nothing stripped), then the relay's ``translate_event``."""
+
+    def __init__(self, watch: StreamWatch, relay: TranslatingRelay) -> None:
+        super().__init__(watch)
+        self.relay = relay
+
+    def start(self) -> bytes:
+        return self.relay.start_stream()
+
+    def events(self, events: bytes, now: float) -> bytes:
+        watch, translate = self.watch, self.relay.translate_event
+        out: list[bytes] = []
+        for event in split_events(events):
+            watch.forward(event)
+            out.append(translate(event))
+        return b"".join(out)
+
+    def silence(self) -> bytes:
+        return self.relay.translate_event(SILENCE)
+
+    def broken(self, status: int, message: str, code: str) -> bytes:
+        # chat's own error event and [DONE], each translated like any upstream event
+        translate = self.relay.translate_event
+        return translate(b"data: " + error_body(status, message, code) + b"\n\n") + translate(b"data: [DONE]\n\n")
+
+    def end(self, rest: bytes) -> bytes:
+        return self.relay.finish_stream()  # an incomplete last event is dropped: it cannot be translated
+
+
 class TranslatingRelay(Relay):
-    """Relays an upstream chat-completions stream through ``relay_stream`` (keep-alive comments,
-    the in-stream error event of a broken upstream, first-token and usage accounting, all as for chat)
-    and rewrites each complete SSE event on its way to the client with ``translate_event``.
+    """Relays an upstream chat-completions stream on the one relay loop (``gateway/relay.py``:
+    keep-alive comments, the in-stream error event of a broken upstream, first-token and usage
+    accounting, all as for chat) and rewrites each complete SSE event on its way to the client with
+    ``translate_event``.
 
     A subclass (one per request: it may keep state, e.g. the output index of a Responses stream)
     gives ``translate_event`` (an upstream event, a ``: keepalive`` comment, or the gateway's own
-    ``data: {"error": ...}`` event → the bytes the client gets, ``b""`` to drop), ``finish_stream``
-    (bytes sent after the last event) and ``translate_whole`` (a complete answer or error)."""
+    ``data: {"error": ...}`` event → the bytes the client gets, ``b""`` to drop), ``start_stream``
+    (bytes sent with the 200 headers), ``finish_stream`` (bytes sent after the last event) and
+    ``translate_whole`` (a complete answer or error)."""
 
     @abstractmethod
     def translate_event(self, event: bytes) -> bytes:
         """One complete upstream SSE event (with its blank line) → bytes for the client."""
+
+    def start_stream(self) -> bytes:
+        """Bytes sent right after the 200 headers, before any upstream event."""
+        return b""
 
     def finish_stream(self) -> bytes:
         """Bytes sent after the last translated event."""
@@ -155,30 +191,9 @@ class TranslatingRelay(Relay):
     def translate_whole(self, status: int, payload: bytes, content_type: bytes) -> tuple[int, bytes, bytes]:
         """A complete upstream answer (``status``, body, content type) → the client's."""
 
-    async def stream(self, response: httpx.Response, send: Send, ctx: RelayContext) -> None:
+    async def stream(self, response: WireResponse, send: Send, ctx: RelayContext) -> None:
         watch = StreamWatch(ctx.result, False, ctx.first_token)
-        pending = b""
-
-        async def translated(message: Message) -> None:
-            nonlocal pending
-            if message["type"] == "http.response.body":
-                data = pending + message.get("body", b"")
-                last = not message.get("more_body", False)
-                out: list[bytes] = []
-                start = 0
-                for match in _EVENT_END.finditer(data):
-                    out.append(self.translate_event(data[start : match.end()]))
-                    start = match.end()
-                pending = data[start:]
-                if last:
-                    out.append(self.finish_stream())
-                body = b"".join(out)
-                if not body and not last:
-                    return
-                message = {**message, "body": body}
-            await send(message)
-
-        await relay_stream(response, translated, watch, ctx.keepalive_s, ctx.headers)
+        await relay_events(response, send, _Translating(watch, self), ctx.keepalive_s, ctx.headers)
 
     async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         if status == 200:

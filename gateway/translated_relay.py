@@ -1,9 +1,9 @@
 """The relay of a translated surface: the backend answers chat completions, the client gets
 Responses or Messages, built by a pure translator (``gateway/translate/``).
 
-The upstream chat stream goes through ``TranslatingRelay`` (so keep-alives, the broken-stream
-error event, first-token and usage accounting are chat's own); each complete chat event is parsed
-and fed to the translator. The translator's ``start()`` goes out with the 200 headers (on
+The upstream chat stream goes through ``TranslatingRelay`` on the one relay loop (so keep-alives,
+the broken-stream error event, first-token and usage accounting are chat's own); each complete chat
+event is parsed and fed to the translator. The translator's ``start()`` goes out with the 200 headers (on
 dispatch, not at the first token: clients and ingress see bytes at once); a ``: keepalive``
 comment becomes the surface's own keep-alive (``ping`` on Messages); at the upstream's end the
 stream is finished when the upstream said so (a ``finish_reason``, or ``[DONE]``), else failed.
@@ -15,12 +15,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-import httpx
 import orjson
 from starlette.types import Send
 
-from gateway.native_relay import send_start
 from gateway.surface import RelayContext, TranslatingRelay
+from gateway.wire import WireResponse
 
 
 class StreamTranslator(Protocol):
@@ -78,6 +77,10 @@ class TranslatedRelay(TranslatingRelay):
             return b""
         return self.translator.feed(payload)
 
+    def start_stream(self) -> bytes:
+        assert self.translator is not None
+        return self.translator.start()
+
     def finish_stream(self) -> bytes:
         assert self.translator is not None
         if self.translator.saw_finish or self.saw_done:
@@ -88,14 +91,14 @@ class TranslatedRelay(TranslatingRelay):
         status, body = self.whole_answer(status, payload)
         return status, body, b"application/json"
 
-    async def stream(self, response: httpx.Response, send: Send, ctx: RelayContext) -> None:
+    async def stream(self, response: WireResponse, send: Send, ctx: RelayContext) -> None:
         assert self.translator is not None
         ok = False
         self.task = asyncio.current_task()
         if self.on_start is not None:
             await self.on_start()
         try:
-            await super().stream(response, send_start(send, self.translator.start), ctx)
+            await super().stream(response, send, ctx)
             ok = ctx.result.stream_error is None and (self.translator.saw_finish or self.saw_done)
         except asyncio.CancelledError:
             task = asyncio.current_task()

@@ -4,9 +4,14 @@ elsewhere when nothing reached it, relay the answer through the surface's relay.
 ``Upstream.forward`` fills an ``Exchange`` as it goes, so that a request cancelled mid-way (its
 client left) still says whether an engine received it: ``reached_backend`` turns true when an
 attempt starts and back to false only when the attempt failed before anything reached the
-backend (connection refused or timed out, pool timeout, connection dropped before an answer). The
-decision core keeps a conversation's seat on a backend that received the turn (its cache is
-there) and gives it back otherwise.
+backend (connection refused or timed out, connection dropped before an answer) or the worker's
+own upstream connection budget was full. The decision core keeps a conversation's seat on a
+backend that received the turn (its cache is there) and gives it back otherwise.
+
+Requests go out on the lean client (``gateway/wire.py``), every surface alike. Only the backend's
+own failures count against it (``backends/failures.py``): a full connection budget is the worker's
+overload (503 ``overloaded`` + ``Retry-After``, no retry, nobody blamed), and a timeout that fired
+while the event loop lagged (``Overload.lagging``) proves nothing about the backend.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Literal
 import httpx
 from starlette.types import Send
 
+from backends.failures import backend_fault, stream_fault
 from backends.pool import Backend, BackendPool
 from gateway.dispatch import Dispatcher
 from gateway.errors import GatewayError
@@ -25,13 +31,17 @@ from gateway.metrics import Metrics
 from gateway.proxy import RETRYABLE, Result, read_body
 from gateway.surface import ClientRequest, RelayContext, Surface, Target
 from gateway.telemetry import RequestTrace
+from gateway.wire import WireClient
 from policies.types import Dispatch
 
 BROKEN = ("timeout", "stream_broken")
 
-AttemptEnd = Literal["answered", "unreached", "failed"]
-"""How one attempt ended: an answer was relayed; nothing reached the backend (retry elsewhere); or
-the backend got the request and the attempt failed (``Exchange.error`` says how)."""
+AttemptEnd = Literal["answered", "unreached", "failed", "refused"]
+"""How one attempt ended: an answer was relayed; nothing reached the backend (retry elsewhere); the
+backend got the request and the attempt failed (``Exchange.error`` says how); or the worker refused
+it itself (no upstream connection free: ``Exchange.error`` is 503 ``overloaded``)."""
+
+OVERLOADED = "overloaded"
 
 
 @dataclass(slots=True)
@@ -54,16 +64,28 @@ class Exchange:
 
 
 class Upstream:
-    """The upstream hop of one worker: its HTTP client, the pool, and what learns from failures."""
+    """The upstream hop of one worker: its HTTP client, the pool, and what learns from failures.
+
+    ``lagging()`` says whether the worker's event loop ran late just now (``Overload.lagging``);
+    ``retry_after_s`` goes with a 503 ``overloaded``."""
 
     def __init__(
-        self, client: httpx.AsyncClient, pool: BackendPool, dispatcher: Dispatcher, metrics: Metrics, keepalive_s: float
+        self,
+        client: WireClient,
+        pool: BackendPool,
+        dispatcher: Dispatcher,
+        metrics: Metrics,
+        keepalive_s: float,
+        lagging: Callable[[], bool] = lambda: False,
+        retry_after_s: int = 1,
     ) -> None:
         self.client = client
         self.pool = pool
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.keepalive_s = keepalive_s
+        self.lagging = lagging
+        self.retry_after_s = retry_after_s
 
     async def forward(
         self,
@@ -82,6 +104,8 @@ class Upstream:
             exchange.backend = backend.name
             exchange.reached_backend = True  # until the attempt proves otherwise
             end = await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+            if end == "refused":
+                exchange.reached_backend = False
             if end != "unreached":
                 return exchange
             exchange.reached_backend = False
@@ -121,24 +145,32 @@ class Upstream:
         }
         span = trace.upstream(backend.name, url, headers)  # adds traceparent
         m = self.metrics
-        request = self.client.build_request("POST", url, content=call.body, headers=headers)
         try:
-            response = await self.client.send(request, stream=True)
+            response = await self.client.post(url, headers, call.body)
+        except httpx.PoolTimeout as exc:  # our own connection budget, not the backend: refuse, blame nobody
+            span.failed("connect", exc)
+            exchange.error = GatewayError(
+                503,
+                "This gateway worker is out of upstream connections; retry shortly.",
+                OVERLOADED,
+                headers={"retry-after": str(self.retry_after_s)},
+            )
+            return "refused"
         except RETRYABLE as exc:
             span.failed("connect", exc)
             m.upstream_errors.labels(backend.name, "connect").inc()
-            self.pool.request_failed(backend, "connect", f"{type(exc).__name__}: {exc}")
+            self._blame(backend, backend_fault(exc, lagging=self.lagging()), f"{type(exc).__name__}: {exc}")
             return "unreached"
         except httpx.TimeoutException as exc:
             span.failed("timeout", exc)
             m.upstream_errors.labels(backend.name, "timeout").inc()
-            self.pool.request_failed(backend, "timeout", "no answer in time")
+            self._blame(backend, backend_fault(exc, lagging=self.lagging()), "no answer in time")
             exchange.error = GatewayError(504, "The backend did not answer in time.", "upstream_timeout")
             return "failed"
         except httpx.HTTPError as exc:
             span.failed("connect", exc)
             m.upstream_errors.labels(backend.name, "connect").inc()
-            self.pool.request_failed(backend, "connect", f"{type(exc).__name__}: {exc}")
+            self._blame(backend, backend_fault(exc, lagging=self.lagging()), f"{type(exc).__name__}: {exc}")
             exchange.error = GatewayError(502, f"Upstream error: {type(exc).__name__}.", "upstream_error")
             return "failed"
         result = exchange.result
@@ -174,13 +206,18 @@ class Upstream:
         finally:
             await response.aclose()
             span.done(status, result.stream_error)
-            if status >= 500:
-                self.pool.request_failed(backend, "status_5xx", f"answered {status}")
-            elif result.stream_error in BROKEN:
-                self.pool.request_failed(backend, result.stream_error or "", "the response broke off")
-            else:
+            fault = backend_fault(status=status) or stream_fault(result.stream_error, lagging=self.lagging())
+            if fault:
+                self.pool.request_failed(backend, fault, f"answered {status}" if fault == "status_5xx"
+                                         else "the response broke off")
+            elif result.stream_error not in BROKEN:
                 self.pool.request_ok(backend)
         return "answered"
+
+    def _blame(self, backend: Backend, fault: str | None, detail: str) -> None:
+        """Count a failed attempt against ``backend`` if it was the backend's fault (``fault``)."""
+        if fault:
+            self.pool.request_failed(backend, fault, detail)
 
     def _first_token(self, rid: str, req: ClientRequest, trace: RequestTrace) -> Callable[[], None]:
         def first_token() -> None:

@@ -1,5 +1,6 @@
 """Everything one worker (one replica) holds, and how its parts are wired together: config, keys,
-decision core and its dispatcher, shared state, backend pool, upstream client, metrics, traces."""
+decision core and its dispatcher, shared state, backend pool, upstream client (``gateway/wire.py``,
+its connection budget from ``Config.upstream_connections``), overload monitor, metrics, traces."""
 
 from __future__ import annotations
 
@@ -8,16 +9,19 @@ import os
 import time
 from typing import Any
 
-import httpx
+from starlette.datastructures import Headers
 
 from backends.pool import BackendPool
 from gateway.auth import KeyStore
 from gateway.config import Config, TeamConfig
 from gateway.dispatch import Dispatcher
+from gateway.errors import GatewayError
 from gateway.metrics import Metrics
+from gateway.overload import Overload
 from gateway.state import MemoryState, RedisState
 from gateway.telemetry import RequestTrace, Telemetry
 from gateway.upstream import Upstream
+from gateway.wire import WireClient
 from policies import registry
 from policies.tokens import TokenEstimator
 from policies.types import BackendView, Dispatch
@@ -49,8 +53,9 @@ class Gateway:
         self.admin_token = admin_token or os.environ.get(config.admin_token_env) or None
         self.dispatcher = Dispatcher(self.core, state=self.state)
         self.estimator = TokenEstimator()
-        self.client: httpx.AsyncClient | None = None
+        self.wire: WireClient | None = None
         self.pool: BackendPool | None = None
+        self.overload = Overload(config.overload)
         self._upstream: Upstream | None = None
         self.started_at = int(time.time())
         self.responses: Any = None
@@ -77,22 +82,29 @@ class Gateway:
         self.metrics.routes.labels(alias, decision.backend, decision.reason).inc()
         trace.routed(decision)
 
+    def shed(self, headers: Headers, reason: str) -> None:
+        """A request the overload guard refused before reading it (``gateway/overload.py``): counted."""
+        try:
+            team = self.keys.team_for(headers)
+        except GatewayError:
+            team = "unknown"
+        self.metrics.refusals.labels(team, "overloaded").inc()
+        self.metrics.requests.labels(team, "", "", "503").inc()
+        log.debug("shed a request: %s", reason)
+
     async def start(self) -> None:
         up = self.config.upstream
-        timeout = httpx.Timeout(
-            connect=up.connect_timeout_s, read=up.idle_timeout_s, write=up.idle_timeout_s, pool=up.connect_timeout_s
-        )
-        limits = httpx.Limits(
-            max_connections=up.max_connections,
-            max_keepalive_connections=up.max_connections,
-            keepalive_expiry=up.keepalive_expiry_s,
-        )
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
-        self.pool = BackendPool(self.config, self.client)
-        self._upstream = Upstream(self.client, self.pool, self.dispatcher, self.metrics, up.sse_keepalive_s)
+        # Every surface's requests go through the lean client; health checks and load polls have a
+        # client of their own inside the pool, so a full request budget cannot starve them.
+        self.wire = WireClient(up.connect_timeout_s, up.idle_timeout_s, up.keepalive_expiry_s,
+                               self.config.upstream_connections())
+        self.pool = BackendPool(self.config, up.keepalive_expiry_s)
+        self._upstream = Upstream(self.wire, self.pool, self.dispatcher, self.metrics, up.sse_keepalive_s,
+                                  self.overload.lagging, self.config.overload.retry_after_s)
         self.pool.subscribe(self._backends_changed)
         self.metrics.init_labels(self.config.teams, (b.name for b in self.pool.all()))
         self.dispatcher.start()
+        self.overload.start()
         await self.state.start()
         await self.pool.start()
         if self.keys.open:
@@ -102,9 +114,10 @@ class Gateway:
         if self.pool:
             await self.pool.stop()
         await self.dispatcher.stop()
+        await self.overload.stop()
         await self.state.stop()
-        if self.client:
-            await self.client.aclose()
+        if self.wire:
+            await self.wire.aclose()
         self.telemetry.shutdown()
         self.metrics.close()
 

@@ -182,7 +182,7 @@ class SimPool:
         self.health = health or HealthConfig()
         self.pool = BackendPool(
             _PoolConfig({model: ModelConfig(upstream_model=model, backends=configs)}, self.health, dict(breaker or {})),
-            None,
+            polled=False,
             clock=clock,
         )
         self.backends: dict[str, Backend] = {b.name: b for b in self.pool.models[model]}

@@ -24,14 +24,13 @@ def test_sim_backend_serves_the_fitted_profile_with_sglang_dp_settings() -> None
 def test_pool_reads_max_running_requests_into_the_backend_view() -> None:
     async def fetch(url: str) -> tuple[int, int]:
         config = load_config(backends=[url], model="kimi")
-        async with httpx.AsyncClient() as client:
-            pool = BackendPool(config, client)
-            await pool.start()
-            try:
-                view = pool.views("kimi")[0]
-                return view.max_running_requests, view.kv_tokens
-            finally:
-                await pool.stop()
+        pool = BackendPool(config)
+        await pool.start()
+        try:
+            view = pool.views("kimi")[0]
+            return view.max_running_requests, view.kv_tokens
+        finally:
+            await pool.stop()
 
     with run_twin("b300-dp8-fp8-cp", time_scale=0.05) as url:
         running, kv = asyncio.run(fetch(url))

@@ -1,6 +1,7 @@
 """A backend serving /v1/messages or /v1/responses itself (passthrough) that breaks off mid-stream:
 the client gets the bytes so far, then one error event in its surface's shape (not chat's
-``data: {"error": …}`` + ``[DONE]``), and the request counts as failed."""
+``data: {"error": …}`` + ``[DONE]``), and the request counts as failed. The same for a translated
+surface whose upstream chat stream breaks off (both run on the one relay loop, gateway/relay.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ FIRST = {"messages": b'event: message_start\ndata: {"type":"message_start","mess
                      b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
                      b'"delta":{"type":"text_delta","text":"Hel"}}\n\n',
          "responses": b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
-                      b'"delta":"Hel","sequence_number":3}\n\n'}
+                      b'"delta":"Hel","sequence_number":3}\n\n',
+         "completions": b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"kimi","choices":'
+                        b'[{"index":0,"delta":{"role":"assistant","content":"Hel"},"finish_reason":null}]}\n\n'}
 
 
 class BreakingBackend:
@@ -41,7 +44,7 @@ class BreakingBackend:
                 length = next((int(v) for k, v in (ln.split(": ", 1) for ln in lines[1:] if ": " in ln)
                                if k.lower() == "content-length"), 0)
                 await reader.readexactly(length)
-                if path in ("/v1/messages", "/v1/responses"):
+                if path in ("/v1/messages", "/v1/responses", "/v1/chat/completions"):
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                                  b"transfer-encoding: chunked\r\n\r\n")
                     data = FIRST[path.rsplit("/", 1)[1]]
@@ -100,5 +103,29 @@ async def test_a_broken_native_stream_ends_with_the_surface_error_event(surface:
     else:
         assert error["type"] == "error" and error["code"] == "upstream_stream_broken"
     # the broken stream counts against the backend as an upstream error
+    counted = f'cachegate_upstream_errors_total{{backend="127.0.0.1:{backend.port}",kind="stream_broken"}} 1.0'
+    assert counted in exposition
+
+
+@pytest.mark.parametrize("surface", ["messages", "responses"])
+async def test_a_broken_chat_stream_ends_a_translated_stream_with_the_surface_error_event(surface: str) -> None:
+    with BreakingBackend().running() as backend:
+        cfg = Config.model_validate({
+            "models": {"kimi": {"backends": [{"url": backend.url}], "surfaces": {surface: "translate"}}},
+            "health": {"interval_s": 30.0, "load_interval_s": 30.0}})
+        body = ({"model": "kimi", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+                if surface == "messages" else {"model": "kimi", "input": "hi", "stream": True})
+        async with running(cfg) as (app, client):
+            response = await client.post(f"/v1/{surface}", json=body)
+            exposition = app.state.gateway.metrics.exposition("")[0].decode()
+    assert response.status_code == 200
+    events = [e for e in response.content.split(b"\n\n") if e]
+    assert b"Hel" in response.content, "what arrived before the break was translated and sent"
+    assert b"[DONE]" not in response.content and b"data: {\"error\"" not in response.content
+    kinds = [e.split(b"\n", 1)[0] for e in events]
+    if surface == "messages":
+        assert kinds[-1] == b"event: error" and b"message_stop" not in response.content
+    else:
+        assert b"event: response.failed" in kinds and b"response.completed" not in response.content
     counted = f'cachegate_upstream_errors_total{{backend="127.0.0.1:{backend.port}",kind="stream_broken"}} 1.0'
     assert counted in exposition

@@ -1,0 +1,244 @@
+"""The relay benchmark: cachegate against SGLang's router in front of one synthetic streaming upstream.
+
+    python -m loadtest.bench_relay [--streams 500,2000] [--interval 0.1] [--tokens 50] [--workers 1]
+                                   [--redis-url URL] [--short-seconds 10] [--baseline /work/main]
+                                   [--set overload.max_lag_ms=500]
+
+Starts the synthetic SGLang-like upstream (loadtest/relay_upstream.py), the gateway (``--workers``
+processes; with ``--redis-url`` they share state), sglang-router (``round_robin``) if it is
+installed, and optionally a second gateway run from another checkout (``--baseline DIR``: before
+and after in one run). Then for each level of concurrent streams it runs the load generator
+(loadtest/relay_load.py, its own process) against each server in turn, and prints: streams
+completed, errors, CPU per relayed chunk (user+system of the server's process tree, from /proc,
+over the whole level including connection set-up), peak RSS, transit p50/p99 (upstream send →
+client receive, per chunk) and the ratio of CPU per chunk to the router's. ``--short-seconds``
+adds a short-request mode: keep-alive clients sending non-streamed requests, CPU per 1,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+
+MODEL = "bench-model"
+HERE = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+@contextlib.contextmanager
+def process(args: list[str], ready: str | None, cwd: Path = HERE) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        if ready:
+            _wait(ready, proc)
+        else:
+            time.sleep(0.5)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (uvicorn's workers)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    total = 0
+    for p in tree(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{p}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    total = 0
+    for p in tree(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{p}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total / 1024
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    pid: int
+
+
+def measure(target: Target, load_args: list[str]) -> dict[str, Any]:
+    """Run the load generator once against ``target``; the server's CPU and peak RSS over the run."""
+    peak = [rss_mb(target.pid)]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.5):
+            peak[0] = max(peak[0], rss_mb(target.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    cpu0 = cpu_seconds(target.pid)
+    sampler.start()
+    out = subprocess.run([sys.executable, "-m", "loadtest.relay_load", *load_args, "--port", str(target.port)],
+                         cwd=HERE, capture_output=True, check=True).stdout
+    stop.set()
+    sampler.join()
+    result: dict[str, Any] = orjson.loads(out)
+    result["cpu_s"] = cpu_seconds(target.pid) - cpu0
+    result["rss_mb"] = peak[0]
+    return result
+
+
+def gateway_config(path: Path, upstream: str, overrides: list[str] = ()) -> Path:  # type: ignore[assignment]
+    """The benchmark's gateway config; ``overrides`` are ``dotted.key=YAML`` (e.g. ``overload.max_lag_ms=500``)."""
+    cfg: dict[str, Any] = {"models": {MODEL: {"backends": [{"url": upstream, "name": "up"}]}},
+                           "teams": {"default": {"max_concurrency": 100_000, "max_queue": 100_000,
+                                                 "queue_timeout_s": 300}}}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = cfg
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = yaml.safe_load(value)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _fmt_errors(errors: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "0"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="cachegate bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", default="500,2000", help="levels of concurrent streams, comma-separated")
+    parser.add_argument("--interval", type=float, default=0.1, help="seconds between chunks of a stream")
+    parser.add_argument("--tokens", type=int, default=50, help="content chunks per stream")
+    parser.add_argument("--ramp", type=float, default=0.0, help="seconds to open the streams (default: N/1000)")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--redis-url", default=None, help="shared state for --workers > 1")
+    parser.add_argument("--policy", default="gateway")
+    parser.add_argument("--short-seconds", type=float, default=0.0, help="also run the short-request mode")
+    parser.add_argument("--short-connections", type=int, default=32)
+    parser.add_argument("--short-rate", type=float, default=400.0, help="requests/s in all (0: closed loop)")
+    parser.add_argument("--baseline", type=Path, default=None, help="also run the gateway from this checkout")
+    parser.add_argument("--no-router", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override the (branch) gateway's config, e.g. overload.max_lag_ms=500 (repeatable)")
+    args = parser.parse_args(argv)
+    py = sys.executable
+    up_port = free_port()
+    upstream = f"http://127.0.0.1:{up_port}"
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-relay-")))
+        stack.enter_context(process([py, "-m", "loadtest.relay_upstream", "--port", str(up_port),
+                                     "--interval", str(args.interval)], upstream + "/health"))
+        cfg = gateway_config(tmp / "gateway.yaml", upstream, args.set)
+        base_cfg = gateway_config(tmp / "baseline.yaml", upstream)
+        targets: list[Target] = []
+        sources = [("cachegate", HERE)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
+        for name, src in sources:
+            conf = cfg if name == "cachegate" else base_cfg
+            port = free_port()
+            cmd = [py, "-m", "gateway.cli", "serve", "--config", str(conf), "--port", str(port), "--log-level",
+                   "warning", "--policy", args.policy, "--workers", str(args.workers)]
+            if args.redis_url:
+                cmd += ["--redis-url", args.redis_url]
+            proc = stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/readyz", cwd=src))
+            targets.append(Target(name, port, proc.pid))
+        if not args.no_router and importlib.util.find_spec("sglang_router") is not None:
+            port = free_port()
+            proc = stack.enter_context(process(
+                [py, "-m", "sglang_router.launch_router", "--worker-urls", upstream, "--policy", "round_robin",
+                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"], f"http://127.0.0.1:{port}/health"))
+            targets.append(Target("sglang-router", port, proc.pid))
+        print(f"upstream: one chunk every {args.interval * 1000:.0f} ms, {args.tokens} chunks per stream; "
+              f"gateway: {args.workers} worker(s), policy {args.policy}"
+              f"{', Redis ' + args.redis_url if args.redis_url else ', no Redis'}; load generator: its own process\n")
+        print("| streams | server | completed | errors | CPU s | CPU/chunk µs | × router | RSS MB | "
+              "transit p50 ms | transit p99 ms |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for level in (int(s) for s in args.streams.split(",")):
+            ramp = args.ramp or max(0.5, level / 1000)
+            timeout = ramp + args.tokens * args.interval * 3 + 30
+            rows = [(t, measure(t, ["streams", "--streams", str(level), "--tokens", str(args.tokens),
+                                    "--ramp", str(ramp), "--timeout", str(timeout)])) for t in targets]
+            router = next((r for t, r in rows if t.name == "sglang-router"), None)
+            ref = router["cpu_s"] / max(1, router["chunks"]) if router else None
+            for t, r in rows:
+                per = r["cpu_s"] / max(1, r["chunks"])
+                ratio = f"{per / ref:.2f}" if ref else "-"
+                print(f"| {level} | {t.name} | {r['completed']} | {_fmt_errors(r['errors'])} | {r['cpu_s']:.1f} | "
+                      f"{per * 1e6:.1f} | {ratio} | {r['rss_mb']:.0f} | {r['transit_p50_ms']} | "
+                      f"{r['transit_p99_ms']} |", flush=True)
+        if args.short_seconds:
+            pace = f"{args.short_rate:.0f} requests/s in all" if args.short_rate else "closed loop"
+            print(f"\nshort requests: {args.short_connections} keep-alive connections, {pace}, "
+                  f"{args.short_seconds:.0f} s each\n")
+            print("| server | requests | errors | req/s | CPU s | CPU s per 1,000 | × router |")
+            print("|---|---|---|---|---|---|---|")
+            rows = [(t, measure(t, ["short", "--connections", str(args.short_connections),
+                                    "--seconds", str(args.short_seconds), "--rate", str(args.short_rate)]))
+                    for t in targets]
+            router = next((r for t, r in rows if t.name == "sglang-router"), None)
+            ref = router["cpu_s"] / max(1, router["completed"]) if router else None
+            for t, r in rows:
+                per = r["cpu_s"] / max(1, r["completed"])
+                ratio = f"{per / ref:.2f}" if ref else "-"
+                print(f"| {t.name} | {r['completed']} | {_fmt_errors(r['errors'])} | "
+                      f"{r['completed'] / r['wall_s']:.0f} | {r['cpu_s']:.1f} | {per * 1000:.2f} | {ratio} |",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
