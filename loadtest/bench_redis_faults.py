@@ -104,7 +104,7 @@ def faults(root: str, count: int, limit: int = 4) -> None:
             recover.append(time.monotonic() - t0)
         stopping = True
         await asyncio.gather(*tasks)
-        changes = sum(getattr(st, "transitions", -1) for st in states)
+        changes = sum(st.status().get("transitions", -1) for st in states)
         for st in states:
             await st.stop()
         return max(recover), changes
