@@ -34,12 +34,18 @@ class TeamGate:
         """The queue bound, then the token rate (which takes ``need`` tokens when it lets it in)."""
         queue_cap = team.limits.max_queue if self.share >= 1.0 else math.ceil(team.limits.max_queue * self.share)
         if team.waiting >= queue_cap:
-            return Refuse(req.rid, "team_queue_full",
-                          f"team '{req.team}' has {team.waiting} requests waiting (limit {queue_cap})",
-                          team.retry_after(team.waiting))
+            return Refuse(
+                req.rid,
+                "team_queue_full",
+                f"team '{req.team}' has {team.waiting} requests waiting (limit {queue_cap})",
+                team.retry_after(team.waiting),
+            )
         wait = team.take_tokens(need, now, self.share)
         if wait > 0:
-            return Refuse(req.rid, "team_token_rate",
-                          f"team '{req.team}' is over its {team.limits.tokens_per_minute} tokens per minute",
-                          wait)
+            return Refuse(
+                req.rid,
+                "team_token_rate",
+                f"team '{req.team}' is over its {team.limits.tokens_per_minute} tokens per minute",
+                wait,
+            )
         return None
