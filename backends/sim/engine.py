@@ -41,6 +41,10 @@ LPM are not modelled; speculative decoding is emulated as one token per step at 
 time over the accept length; the host tier is exclusive (a block loaded back
 leaves it) and its load time is added to the pass, not overlapped; a request's last output token
 holds no KV (as in SGLang) so at most prompt + output − 1 tokens are inserted on finish.
+
+Modules: this one (the public API and the pass loop), ``engine_types.py`` (records in and out),
+``engine_state.py`` (request and rank state), ``engine_cost.py`` (pass times), ``engine_prefill.py``
+(PrefillAdder), ``engine_apply.py`` (applying a pass), ``engine_memory.py`` (aborts, retraction).
 """
 
 from __future__ import annotations
