@@ -51,7 +51,7 @@ STACKS: dict[str, Callable[..., DecisionCore]] = {
     "round-robin": _stack("round-robin", "round-robin"),
     "least-load": _stack("least-load", "least-load"),
     "sglang-cache-aware": _stack("sglang-cache-aware", "sglang-cache-aware"),
-    # The product stack: seats (policies/admission.py) over min-TTFT routing.
+    # The product stack: seats (policies/admission/) over min-TTFT routing.
     "gateway": _stack("min-ttft", "gateway", "seats"),
 }
 """Stack factories; each takes an optional ``router`` instance replacing its default router."""

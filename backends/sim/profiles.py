@@ -64,168 +64,47 @@ Engine options (issue 12), each a ``Profile`` field with its derivation in ``_b3
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass
 
-# ---- model (Kimi K2 / K2.5) -------------------------------------------------------------
-LAYERS = 61
-LATENT_ELEMS = (512 + 64) * LAYERS  # 35,136 elements per token, all layers
-LINEAR_FLOPS = 2 * 32e9  # per token, 32 B active params
-ATTN_FLOPS = 2 * 64 * (192 + 128) * LAYERS  # per (token, context token) pair, MHA-form prefill
-ATTN_PROJ_FLOPS = 2 * 6.2e9  # per token: the attention projections (≈ 6.2 B params)
-W_TOTAL = 595e9  # INT4 checkpoint bytes
-W_EXPERTS = 571e9  # routed experts (INT4 + group scales)
-W_ATTN = 12.3e9  # attention weights, bf16
-NUM_EXPERTS = 384
-EXPERTS_PER_TOKEN = 8
+from backends.sim.profile_constants import (
+    ATTN_FLOPS,
+    ATTN_PROJ_FLOPS,
+    B300_BF16,
+    B300_BW,
+    B300_HBM,
+    DP_CONSERVATIVENESS,
+    FP8_ATTN_SPEEDUP,
+    HOST_LOAD_BW,
+    INIT_NEW_TOKEN_RATIO,
+    KVB_FLOPS,
+    LATENT_ELEMS,
+    LINEAR_FLOPS,
+    STEP_OVERHEAD,
+    U_ATTN,
+    U_BW,
+    U_LIN,
+    W_ATTN,
+    W_EXPERTS,
+    W_TOTAL,
+)
+from backends.sim.profile_model import Profile, coverage_note, default_max_running
+from backends.sim.profiles_gb10 import gb10
 
-# ---- hardware -----------------------------------------------------------------------------
-B300_HBM = 288e9
-B300_BW = 8e12
-B300_BF16 = 2.25e15  # dense bf16 FLOP/s per GPU
-GB10_MEM = 119 * 2**30  # usable unified memory per node
-GB10_BW = 273e9
-GB10_BF16 = 125e12  # 1 PFLOP FP4 sparse -> 0.5 dense FP4 -> 0.125 dense bf16
-
-KVB_FLOPS = 2 * 512 * 64 * (128 + 128) * LAYERS  # kv_b_proj re-expansion per prefix token per chunk
-
-U_BW = 0.75
-U_LIN = 0.15
-U_ATTN = 0.30
-FP8_ATTN_SPEEDUP = 2.0  # B300 dense FP8 ≈ 4.5 PF against 2.25 PF bf16
-STEP_OVERHEAD = 6e-3
-DP_CONSERVATIVENESS = 0.3  # SGLang handle_data_parallelism: schedule_conservativeness *= 0.3
-INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
-HOST_LOAD_BW = 50e9  # bytes/s per GPU, host DRAM -> HBM (HiCache)
-
-# GB10 (issue 12, re-derived against the 16×GB10 post: 750 tok/s prefill, 20 tok/s average decode,
-# 38 peak; vLLM and K3, so a target with that caveat). SM121 has no sm100 MLA kernels and bf16 MMA
-# with FP32 accumulate runs at half rate (62 TF effective, not 125); prefill then runs at the
-# utilisation the post measured (the only GB10 measurement): TP all-reduces over 200 Gb/s RoCE,
-# serialised with compute without CUDA graphs, and generic W4A16 MoE kernels.
-GB10_BF16_EFFECTIVE = GB10_BF16 / 2
-U_LIN_GB10 = 0.06
-U_ATTN_GB10 = 0.10
-# Decode overhead per pipeline stage, no CUDA graphs (multi-node capture deadlocks, §7.3): 1.5 ms
-# of launches plus 2 all-reduces per layer, each log2(tp) RoCE hops of ~25 µs.
-GB10_LAUNCH_OVERHEAD = 1.5e-3
-GB10_ALLREDUCE_HOP = 25e-6
-
-
-def _gb10_stage_overhead(tp: int, layers: int) -> float:
-    hops = max(1, (tp - 1).bit_length())
-    return GB10_LAUNCH_OVERHEAD + 2 * layers * hops * GB10_ALLREDUCE_HOP
-
-
-@dataclass(frozen=True)
-class Profile:
-    """One deployment as the engine model sees it (one SGLang server; ``dp_size`` ranks).
-
-    Prefill pass over chunks with u uncached tokens on top of c computed ones, per rank:
-    ``(t0 + Σu/r_lin + k_attn·Σu·(c + u/2) + k_kvb·Σc) / prefill_efficiency`` (+ host-tier load time).
-    Decode step, per rank: ``a + t_experts·coverage(max(B_total/pp, 1)) + b·min(B, b_cap) + k_kv·Σctx``
-    where coverage(n) = 1 − (1 − experts_per_token/num_experts)^n is the fraction of routed
-    experts whose weights a step must stream (a pipeline stage sees B/pp requests per micro-batch,
-    or one request at a time when B < pp). Under DP the ranks step together: a pass lasts the
-    longest rank's time.
-    """
-
-    name: str
-    kv_tokens: int
-    """C: KV pool tokens per rank."""
-    page_size: int
-    chunked_prefill_size: int
-    max_prefill_tokens: int
-    max_running_requests: int
-    """Per rank."""
-    context_length: int
-    dp_size: int
-    t0: float
-    r_lin: float
-    k_attn: float
-    prefill_efficiency: float
-    a: float
-    t_experts: float
-    b: float
-    b_cap: int
-    k_kv: float
-    pp: int = 1
-    tp_size: int = 1
-    """GPUs per pipeline stage (SGLang's ``--tp``; under DP attention the server's tp, 8)."""
-    num_experts: int = NUM_EXPERTS
-    experts_per_token: int = EXPERTS_PER_TOKEN
-    host_tier_tokens: int = 0
-    host_load_tokens_per_s: float = 0.0
-    init_new_token_ratio: float = 0.7
-    min_new_token_ratio_factor: float = 0.14
-    new_token_ratio_decay_steps: int = 600
-    clip_max_new_tokens: int = 4096
-    retract_decode_steps: int = 20
-    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
-    kv_bytes_per_token_per_gpu: int = 0
-    schedule_conservativeness: float = 1.0
-    """SGLang's ``--schedule-conservativeness`` after its DP handling (× 0.3 under DP attention)."""
-    attn_fp8: bool = False
-    """FP8 prefill attention kernels (``k_attn`` derived at the FP8 peak)."""
-    prefill_cp_size: int = 1
-    """Context-parallel prefill attention group (ranks whose attention shares the group's GPUs)."""
-    k_kvb: float = 0.0
-    """Seconds per cached-prefix token per prefill chunk: ``kv_b_proj`` re-expansion (trtllm_mla)."""
-    spec_draft_tokens: int = 0
-    spec_accept_length: float = 1.0
-    spec_draft_overhead: float = 0.1
-    """Draft cost per draft token, as a fraction of ``a`` (one MTP layer per draft token)."""
-    spec_kv_factor: float = 1.1
-    """KV-read cost of a verify step against a plain step (d + 1 queries over one read)."""
-    mixed_chunk: bool = False
-    prefill_delayer_max_passes: int = 0
-    """0: off (SGLang's default). SGLang's value when enabled: 30."""
-    prefill_delayer_max_delay_s: float = 5.0
-    request_overhead_s: float = 0.0
-    """Fixed per-request time before the scheduler sees a request (HTTP, chat template)."""
-    tokenize_tokens_per_s: float = 0.0
-    """Tokeniser rate; 0: tokenisation not modelled."""
-    fitted: tuple[str, ...] = ()
-    """Names of the constants fitted to published figures (empty: every constant derived)."""
-    doc: str = field(default="", compare=False, repr=False)
-
-    def chunk_prefill_s(self, n: int, c: int) -> float:
-        """One chunk of ``n`` new tokens over ``c`` computed ones, alone in its pass."""
-        return (self.t0 + n / self.r_lin + self.k_attn * n * (c + n / 2) + self.k_kvb * c) / self.prefill_efficiency
-
-    def overhead_s(self, prompt_tokens: int) -> float:
-        """Time from submit until the scheduler may queue the request (tokenisation, HTTP)."""
-        t = self.request_overhead_s
-        if self.tokenize_tokens_per_s > 0:
-            t += prompt_tokens / self.tokenize_tokens_per_s
-        return t
-
-    def solo_prefill_s(self, u: int, c: int) -> float:
-        """Prefill time of ``u`` new tokens on top of ``c`` cached ones, alone on an idle rank: the
-        engine's chunked passes (``chunked_prefill_size`` each) with nothing else in them, plus the
-        per-request overhead. No routing or admission can give a request a smaller time to first token."""
-        t = self.overhead_s(u + c)
-        while u > 0:
-            n = min(u, self.chunked_prefill_size)
-            t += self.chunk_prefill_s(n, c)
-            c += n
-            u -= n
-        return t
-
-    def with_(self, **changes: object) -> Profile:
-        return replace(self, **changes)  # type: ignore[arg-type]
-
-
-def _coverage_note(t_exp: float) -> str:
-    return (
-        f"t_experts = {t_exp * 1e3:.1f} ms (the step's routed-expert bytes at full coverage); at B=1 "
-        f"a step streams {EXPERTS_PER_TOKEN}/{NUM_EXPERTS} of them, saturating towards B≈100-200"
-    )
-
-
-def _max_running(kv_tokens: int, context_length: int) -> int:
-    # SGLang model_runner default when --max-running-requests is unset.
-    return min(max(int(kv_tokens / context_length * 512), 2048), 4096)
+# Re-exported: the profile type and the constants the tests and the fit read from here.
+__all__ = [
+    "ATTN_FLOPS",
+    "B300_BF16",
+    "B300_BW",
+    "GOOD_FIT",
+    "KVB_FLOPS",
+    "PROFILES",
+    "U_ATTN",
+    "U_BW",
+    "U_LIN",
+    "Fit",
+    "Profile",
+    "get_profile",
+]
 
 
 @dataclass(frozen=True)
@@ -295,7 +174,7 @@ def _b300(
     dp_ = dp > 1
     chunk = 16384 // dp  # SGLang handle_data_parallelism: chunked_prefill_size // dp_size
     conservativeness = DP_CONSERVATIVENESS if dp_ else 1.0  # ... and schedule_conservativeness *= 0.3
-    max_running = _max_running(c, 262144) if fit is None else fit.max_running_total // dp
+    max_running = default_max_running(c, 262144) if fit is None else fit.max_running_total // dp
     attn_where = f"{cp} GPUs (context-parallel group)" if cp > 1 else str(attn_tp)
     peak_txt = f"{attn_peak / 1e15:.2f} PF {'FP8' if attn_fp8 else 'bf16'}"
     lines = [
@@ -320,7 +199,7 @@ def _b300(
         f"  t0 = a + t_experts = {t0 * 1e3:.1f} ms (a prefill pass streams every expert once); prefill_efficiency 1.0.",
         f"Decode: a = {STEP_OVERHEAD * 1e3:.0f} ms overhead + {w_dense / 1e9:.1f} GB non-expert weights"
         f" / ({B300_BW / 1e12:.0f} TB/s × U_BW {U_BW}) = {a * 1e3:.2f} ms;",
-        f"  {_coverage_note(t_exp)}; b = {b * 1e6:.1f} µs per request (its 6.4e10 linear FLOPs);",
+        f"  {coverage_note(t_exp)}; b = {b * 1e6:.1f} µs per request (its 6.4e10 linear FLOPs);",
         f"  k_kv = {kv_bytes:,} B / ({B300_BW / 1e12:.0f} TB/s × {U_BW}) = {k_kv * 1e9:.2f} ns per context token"
         + (f" of the rank's own requests (≈ k_kv/{dp} over the server's Σctx)." if dp_ else "."),
         f"chunked_prefill_size {chunk} per "
@@ -393,70 +272,6 @@ def _b300(
     )
 
 
-def _gb10(name: str, *, tp: int, pp: int) -> Profile:
-    nodes = tp * pp
-    layers_max = -(-LAYERS // pp)  # the stage holding the most layers binds the pool
-    kv_bytes = LATENT_ELEMS // LAYERS * layers_max  # fp8, one node holds its stage's layers
-    mem = 0.82 * GB10_MEM  # mem_fraction_static within 0.80-0.85: unified memory shared with the OS
-    w_node = W_TOTAL / nodes
-    kv_node = mem - w_node
-    page = 64
-    c = int(kv_node // kv_bytes) // page * page
-    ebw = GB10_BW * U_BW
-    stage_overhead = _gb10_stage_overhead(tp, layers_max)
-    a = pp * (stage_overhead + (W_TOTAL - W_EXPERTS) / nodes / ebw)
-    t_exp = pp * (W_EXPERTS / nodes) / ebw
-    k_kv = kv_bytes / ebw  # per stage; micro-batches keep every stage busy (see Profile)
-    r_lin = nodes * GB10_BF16_EFFECTIVE * U_LIN_GB10 / LINEAR_FLOPS
-    k_attn = ATTN_FLOPS / (nodes * GB10_BF16_EFFECTIVE * U_ATTN_GB10)
-    t0 = a + t_exp / pp  # chunks pipeline across stages, so each stage's expert read overlaps
-    b = LINEAR_FLOPS / (nodes * GB10_BF16_EFFECTIVE * U_LIN_GB10)
-    lines = [
-        f"{name}: Kimi K2-class INT4 on 16 DGX Spark (GB10) nodes, TP{tp}×PP{pp}, fp8 KV.",
-        f"Memory: 0.82 × 119 GiB = {mem / 1e9:.0f} GB per node − weights {w_node / 1e9:.1f} GB"
-        f" = {kv_node / 1e9:.1f} GB;",
-        f"  KV bytes per token per node = 35,136 × {layers_max}/61 = {kv_bytes:,} B",
-        f"  (latents replicated across TP, split across PP stages) → C = {c:,} tokens.",
-        f"Prefill over all {nodes} nodes (chunks pipelined across stages):",
-        f"  r_lin = {nodes} × 62 TF (bf16, FP32 accumulate) × {U_LIN_GB10} / 6.4e10 = {r_lin:,.0f} tok/s,",
-        f"  k_attn = 2.5e6 / ({nodes} × 62 TF × {U_ATTN_GB10}) = {k_attn:.3g}; utilisation from the 16×GB10 post",
-        "  (750 tok/s prefill): TP all-reduces over 200 Gb/s RoCE without CUDA graphs, no sm100 MLA kernels on SM121;",
-        f"  t0 = a + t_experts / {pp} = {t0 * 1e3:.0f} ms.",
-        f"Decode: LPDDR5x {GB10_BW / 1e9:.0f} GB/s × U_BW {U_BW}; a = {pp} stage(s) ×",
-        f"  ({stage_overhead * 1e3:.1f} ms = 1.5 ms launches + 2 × {layers_max} layers ×"
-        f" {max(1, (tp - 1).bit_length())} RoCE hops × 25 µs, no CUDA graphs; + non-expert weights)"
-        f" = {a * 1e3:.1f} ms;",
-        f"  {_coverage_note(t_exp)};",
-        f"  k_kv = {kv_bytes:,} B / {ebw / 1e9:.0f} GB/s = {k_kv * 1e9:.0f} ns per context token per stage",
-        f"  (with {pp} stage(s) and B < {pp} the stages run one after another; see the engine).",
-        "chunked_prefill_size 8192 (SGLang default for 60-160 GB GPUs), context 262,144.",
-    ]
-    doc = "\n".join(lines)
-    return Profile(
-        name=name,
-        kv_tokens=c,
-        page_size=page,
-        chunked_prefill_size=8192,
-        max_prefill_tokens=16384,
-        max_running_requests=_max_running(c, 262144),
-        context_length=262144,
-        dp_size=1,
-        t0=t0,
-        r_lin=r_lin,
-        k_attn=k_attn,
-        prefill_efficiency=1.0,
-        a=a,
-        t_experts=t_exp,
-        b=b,
-        b_cap=4096,
-        k_kv=k_kv,
-        pp=pp,
-        tp_size=tp,
-        kv_bytes_per_token_per_gpu=kv_bytes,
-        doc=doc,
-    )
-
-
 def _tiny() -> Profile:
     doc = """tiny: a toy server for live tests on a 2-core machine, not a hardware model.
 64k tokens of KV, page 16, 2048-token chunks, contexts up to ~8k (context_length 32768). Constants are chosen
@@ -494,8 +309,8 @@ def _build() -> dict[str, Profile]:
         _b300("b300-dp8-fp8", kv_dtype_bytes=1, dp=8),
         _b300("b300-dp2-bf16", kv_dtype_bytes=2, dp=2),
         _b300("b300-dp8-fp8-cp", kv_dtype_bytes=1, dp=8, attn_fp8=True, cp=8, fit=GOOD_FIT),
-        _gb10("gb10x16-tp4pp4-fp8", tp=4, pp=4),
-        _gb10("gb10x16-tp16-fp8", tp=16, pp=1),
+        gb10("gb10x16-tp4pp4-fp8", tp=4, pp=4),
+        gb10("gb10x16-tp16-fp8", tp=16, pp=1),
         _tiny(),
     ]
     return {p.name: p for p in profiles}

@@ -1,0 +1,76 @@
+"""Cache-protecting admission: team limits, a fair queue, and seats on backends.
+
+``SeatedAdmission`` is the decision core of the ``gateway`` stack (interfaces §2). It decides
+*when* a request may go; its router decides *where* a conversation sits.
+
+Seats
+-----
+A conversation admitted to a backend (a DP rank of it) holds a **seat** there. The seat reserves
+the conversation's KV: ``need = prompt_tokens + min(max_output_tokens or default_output, output_clip)``,
+kept through the think pause between turns, so the conversation's next turn goes straight through
+and finds its prefix still cached. A backend (rank) with capacity ``C`` (``max_total_num_tokens``)
+grants a new seat only while ``Σ seats + need ≤ admit_water · C``. Seated conversations grow turn
+by turn into the gap up to ``high_water · C``; a turn that would pass it first releases idle seats
+there (held at least ``min_hold_s``); if none may go it still goes while the pool is not full, and
+waits otherwise. The gap between the two marks is
+what lets conversations grow without a swap on every turn: most seats end with their conversation.
+So the running conversations' working set never outgrows the engine's cache, and the excess waits
+at the gateway instead of thrashing the engine.
+
+A seat is given up when
+- its conversation has been idle ``idle_release_s`` (it ended, or its user went away);
+- a conversation waiting for a seat that does not fit has waited ``quantum_s``, and the seat is idle
+  (between turns) and has been held ``min_hold_s`` (``rotate_on="waiter"``, the default: waits are
+  bounded by about the quantum, and when conversations end fast enough to seat the waiters no seat is
+  ever swapped; ``rotate_on="seat"`` instead rotates any seat held ``quantum_s`` while others wait);
+- others wait in a higher priority band, or from a team served less than the seat's team, and the
+  seat has been held ``min_hold_s`` (fairness must not wait a whole quantum).
+A swap-in costs a full recompute of the context, so the quantum trades throughput against waiting.
+Victims are chosen per backend so that the fewest seats are released, most-served team first,
+then oldest seat.
+
+Order of the waiting room
+-------------------------
+Turns of seated conversations go first (they take no new capacity), then new seats: priority band
+(higher first), then the team's virtual token counter (lowest first: ``policies/teams.py``), then
+arrival. A new-seat request that does not fit blocks new seats behind it for that model (no
+backfill, so large conversations are not starved by small ones). Team caps (``max_concurrency``)
+skip a team without blocking others.
+
+Every tier (issue 12)
+---------------------
+A seat's budget counts every tier a backend reports, not only its GPU pool:
+
+- **Host tier** (HiCache): a seat evicted from the GPU lands in host DRAM and comes back at the
+  backend's reload rate (about 0.1 s per 150k tokens on 8×B300) instead of a recompute. So the
+  budget is ``C_gpu + host_water · C_host`` (``host_water`` 1.0: the whole host tier; when the
+  working set fits the tiers no one waits for a seat), and the quantum after which a waiter may
+  take an idle seat is the seat's own swap cost divided by ``swap_overhead`` (0.01: a rotation
+  may cost at most 1 % of the time a seat is held), clipped to [``min_hold_s``, ``quantum_s``].
+  A cheap swap therefore rotates in about ``min_hold_s`` instead of waiting the recompute
+  quantum; without a host tier the quantum stays ``quantum_s``.
+- **Running cap**: a backend's ``max_running_requests`` (per DP rank, from ``/get_server_info``) is
+  a seat budget too: at most ``ceil(running_overbook · max_running_requests)`` seats per rank
+  (``running_overbook`` 1.2: a seated conversation spends part of its time thinking, so a few more
+  seats than running slots keep the cap busy without queueing turns in the engine); on a rank whose
+  seats are all taken while others wait, a seat idle ``full_idle_release_s`` (10 s, above the
+  longest think time) is released, so an ended conversation frees its seat at once.
+
+Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900,
+``rotate_on`` "waiter", ``min_hold_s`` 20, ``idle_release_s`` 30, ``default_output`` 1024,
+``output_clip`` 4096 (SGLang's own clip), ``input_weight`` 1 and ``output_weight`` 1 (tokens
+charged to a team's counter per token served), ``host_water`` 1.0, ``swap_overhead`` 0.01,
+``running_overbook`` 1.2, ``full_idle_release_s`` 10.
+Figures behind these choices: docs/benchmarks.md.
+
+Modules, one job each: ``params.py`` (``SeatParams``), ``records.py`` (seats, waiters, running
+dispatches), ``limits.py`` (team caps, queue bounds, token rates at the door), ``sizing.py`` (seat
+budgets per slot, every tier: GPU pool, host tier, running cap), ``order.py`` (fair order, placement
+and victim selection), ``core.py`` (``SeatedAdmission``: the events, wiring the above).
+"""
+
+from policies.admission.core import SeatedAdmission
+from policies.admission.params import SeatParams
+from policies.admission.records import ModelViews, Placement, Running, Seat, Waiter
+
+__all__ = ["ModelViews", "Placement", "Running", "Seat", "SeatParams", "SeatedAdmission", "Waiter"]

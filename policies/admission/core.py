@@ -1,0 +1,359 @@
+"""``SeatedAdmission``: the ``gateway`` stack's decision core, wiring team limits (``limits.py``),
+seat sizing (``sizing.py``) and fair order (``order.py``) to the core's events."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from policies.admission.limits import TeamGate
+from policies.admission.order import FairOrder
+from policies.admission.params import SeatParams
+from policies.admission.records import ModelViews, Running, Seat, Waiter
+from policies.core import DecisionCore, Hook
+from policies.routing import Router
+from policies.teams import UNLIMITED, TeamLimits, TeamState
+from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts, Slot
+
+
+class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
+    """The ``gateway`` decision core: team limits, fair queue, seats (``policies/admission/__init__.py``
+    gives the reasoning).
+
+    A seat reserves ``need = prompt_tokens + min(max_output_tokens or default_output, output_clip)``
+    on a slot of capacity ``C`` (GPU pool + ``host_water`` · host tier); a new seat is granted while
+    ``Σ seats + need ≤ admit_water · C`` and at most ``ceil(running_overbook · max_running_requests)``
+    seats sit on a rank; seated turns grow up to ``high_water · C``, releasing idle seats held
+    ``min_hold_s`` first. Waiting order: seated turns, then priority band, team virtual token counter
+    (charged ``input_weight`` · prompt + ``output_weight`` · output tokens), arrival. Idle seats go
+    after ``idle_release_s`` (``full_idle_release_s`` on a full rank with waiters), or to a waiter
+    after the quantum (``quantum_s``; swap cost / ``swap_overhead`` with a host tier).
+
+    Parameters (``SeatParams``) and defaults: ``admit_water`` 0.85, ``high_water`` 0.95,
+    ``quantum_s`` 900, ``rotate_on`` "waiter", ``min_hold_s`` 20, ``idle_release_s`` 30,
+    ``default_output`` 1024, ``output_clip`` 4096, ``input_weight`` 1, ``output_weight`` 1,
+    ``host_water`` 1.0, ``swap_overhead`` 0.01, ``running_overbook`` 1.2, ``full_idle_release_s`` 10.
+    Team limits (``TeamLimits``) come from ``teams`` (``default_team`` for those not listed).
+    """
+
+    hooks: ClassVar[frozenset[Hook]] = frozenset(
+        {"configure", "set_team", "set_share", "wake", "requeue", "team", "snapshot"})
+
+    def __init__(self, router: Router, teams: Mapping[str, TeamLimits] | None = None,
+                 default_team: TeamLimits = UNLIMITED, params: SeatParams | None = None,
+                 name: str = "gateway") -> None:
+        self.name = name
+        self.router = router
+        self.params = params or SeatParams()
+        self.limits: dict[str, TeamLimits] = dict(teams or {})
+        self.default_team = default_team
+        self.teams: dict[str, TeamState] = {}
+        self.models: dict[str, ModelViews] = {}
+        self.seats: dict[str, Seat] = {}
+        self.reserved: dict[Slot, int] = {}
+        self.anchors: dict[int, str] = {}
+        self.waiting: dict[str, Waiter] = {}
+        self.running: dict[str, Running] = {}
+        self._seq = itertools.count()
+        self.share = 1.0
+        self.split_concurrency = False
+
+    # ----- configuration -------------------------------------------------------------------------
+
+    def configure(self, config: Mapping[str, object]) -> None:
+        """Take team limits and seat parameters from a config mapping (interfaces §6 shape):
+        ``teams: {name: {max_concurrency, ...}}`` (the ``default`` entry applies to teams not listed)
+        and ``admission: {high_water, admit_water, quantum_s, ...}``."""
+        teams = config.get("teams") or {}
+        assert isinstance(teams, Mapping)
+        for name, fields in teams.items():
+            limits = TeamLimits(**{k: v for k, v in dict(fields or {}).items() if v is not None})
+            if name == "default":
+                self.default_team = limits
+            self.set_team(str(name), limits)
+        params = config.get("admission")
+        if params:
+            assert isinstance(params, Mapping)
+            self.params = SeatParams(**dict(params))
+
+    def set_team(self, name: str, limits: TeamLimits, now: float = 0.0) -> None:
+        """Change a team's limits at run time (the admin API)."""
+        self.limits[name] = limits
+        if name in self.teams:
+            self.teams[name].limits = limits
+
+    def set_share(self, share: float, split_concurrency: bool, now: float) -> list[Decision]:
+        """This replica's share of every limit when several replicas share the backends (interfaces §5).
+
+        ``share`` (1 / live replicas) scales each backend's seat budget, each team's queue bound and
+        token rate; ``split_concurrency`` also scales team concurrency (when Redis leases cannot
+        enforce it globally, i.e. Redis is unreachable).
+        """
+        self.share = max(1e-6, min(1.0, share))
+        self.split_concurrency = split_concurrency
+        return self._schedule(now)
+
+    def wake(self, team: str, now: float) -> list[Decision]:
+        """A lease of ``team`` was released somewhere: its requeued requests may try again."""
+        state = self.teams.get(team)
+        if state is not None:
+            state.blocked_until = 0.0
+        return self._schedule(now)
+
+    def team(self, name: str, now: float) -> TeamState:
+        state = self.teams.get(name)
+        if state is None:
+            state = self.teams[name] = TeamState(name, self.limits.get(name, self.default_team), now)
+        return state
+
+    # ----- events --------------------------------------------------------------------------------
+
+    def set_backends(self, model: str, backends: Sequence[BackendView], now: float) -> list[Decision]:
+        entry = self.models.setdefault(model, ModelViews())
+        entry.views = {b.name: b for b in backends}
+        for seat in list(self.seats.values()):
+            if seat.model == model:
+                view = entry.views.get(seat.slot[0])
+                if view is None or not view.healthy:
+                    self._release(seat)
+        return self._schedule(now)
+
+    def arrive(self, req: RequestFacts, now: float) -> list[Decision]:
+        team = self.team(req.team, now)
+        if not self._healthy(req.model, req.exclude):
+            return [Refuse(req.rid, "no_healthy_backend", f"no healthy backend for model '{req.model}'", 5.0, 503)]
+        need = self._need(req)
+        refused = self._refuse_at_door(req, team, need, now)
+        if refused is not None:
+            return [refused]
+        key, one_shot = self._conversation(req)
+        if not team.active:
+            active = [t.vtc for t in self.teams.values() if t.active]
+            if active:
+                team.vtc = max(team.vtc, min(active))
+        self.waiting[req.rid] = Waiter(req, key, need, now, next(self._seq), one_shot)
+        team.waiting += 1
+        return self._schedule(now)
+
+    def first_token(self, rid: str, now: float) -> list[Decision]:
+        if rid in self.running:
+            self.router.first_token(rid, now)
+        return []
+
+    def finish(self, rid: str, outcome: Outcome, now: float) -> list[Decision]:
+        run = self.running.pop(rid, None)
+        if run is None:
+            return []
+        w = run.waiter
+        team = self.team(w.req.team, now)
+        team.inflight -= 1
+        if outcome.prompt_tokens or outcome.completion_tokens:
+            actual = (self.params.input_weight * outcome.prompt_tokens
+                      + self.params.output_weight * outcome.completion_tokens)
+            team.charge(actual - run.charged)
+        seat = self.seats.get(w.key)
+        if seat is not None and seat.slot == run.slot:
+            seat.busy -= 1
+            seat.last_active = now
+            if outcome.prompt_tokens and outcome.completion_tokens:
+                seat.tokens = self._reserve(seat, outcome.prompt_tokens + outcome.completion_tokens)
+            if seat.one_shot or (not outcome.reached_backend and seat.busy == 0):
+                self._release(seat)
+        self.router.finished(rid, run.slot[0], outcome, now)
+        return self._schedule(now)
+
+    def cancel(self, rid: str, now: float) -> list[Decision]:
+        waiter = self.waiting.pop(rid, None)
+        if waiter is not None:
+            self.team(waiter.req.team, now).waiting -= 1
+        return self._schedule(now)
+
+    def requeue(self, rid: str, now: float) -> list[Decision]:
+        """A dispatch could not take its team lease (another replica holds the slots): wait again."""
+        run = self._undo(rid, now)
+        if run is None:
+            return []
+        team = self.teams[run.waiter.req.team]
+        self.waiting[rid] = run.waiter
+        team.waiting += 1
+        team.blocked_until = now + 1.0  # until a release anywhere wakes the team, or a second passes
+        return []
+
+    def retry(self, rid: str, failed_backend: str, now: float) -> list[Decision]:
+        run = self._undo(rid, now)
+        if run is None:
+            return []
+        w = run.waiter
+        seat = self.seats.get(w.key)
+        if seat is not None and seat.slot[0] == failed_backend:
+            self._release(seat)
+        retried = Waiter(_with_exclude(w.req, failed_backend), w.key, w.need, w.arrived, w.seq, w.one_shot)
+        place = self._place(retried, now)
+        if place is None:
+            return [Refuse(rid, "no_healthy_backend", "no other backend can take this request now", 5.0, 503)]
+        return [self._dispatch(retried, place.slot, now, "retry", place.scores, place.matched_tokens)]
+
+    def _undo(self, rid: str, now: float) -> Running | None:
+        """Take back a dispatch that never reached its backend: counters, charge, the seat's use."""
+        run = self.running.pop(rid, None)
+        if run is None:
+            return None
+        team = self.team(run.waiter.req.team, now)
+        team.inflight -= 1
+        team.charge(-run.charged)
+        seat = self.seats.get(run.waiter.key)
+        if seat is not None and seat.slot == run.slot:
+            seat.busy -= 1
+        self.router.finished(rid, run.slot[0], Outcome(ok=False, reached_backend=False), now)
+        return run
+
+    def tick(self, now: float) -> list[Decision]:
+        decisions: list[Decision] = []
+        for w in list(self.waiting.values()):
+            team = self.team(w.req.team, now)
+            if now - w.arrived > team.limits.queue_timeout_s:
+                del self.waiting[w.req.rid]
+                team.waiting -= 1
+                decisions.append(Refuse(w.req.rid, "queue_timeout",
+                                        f"waited {now - w.arrived:.0f} s in team '{w.req.team}' queue "
+                                        f"(limit {team.limits.queue_timeout_s:g} s)", team.retry_after(team.waiting)))
+        queued = {w.key for w in self.waiting.values()}
+        for seat in list(self.seats.values()):
+            if seat.busy == 0 and seat.key not in queued and now - seat.last_active > self._idle_release_s(seat):
+                self._release(seat)
+        return decisions + self._schedule(now)
+
+    # ----- state queries (admin API, metrics, tests) --------------------------------------------
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "teams": {n: {"inflight": t.inflight, "waiting": t.waiting, "vtc": round(t.vtc, 1)}
+                      for n, t in self.teams.items()},
+            "backends": {f"{b}" if r is None else f"{b}#{r}": {"reserved_tokens": tokens,
+                                                              "seats": sum(1 for s in self.seats.values()
+                                                                           if s.slot == (b, r))}
+                         for (b, r), tokens in self.reserved.items()},
+            "waiting": len(self.waiting),
+            "running": len(self.running),
+        }
+
+    # ----- internals -----------------------------------------------------------------------------
+
+    def _conversation(self, req: RequestFacts) -> tuple[str, bool]:
+        """The conversation a request continues: given by the caller, or found by the anchor (the last
+        full block of a seated conversation's previous prompt) that this prompt extends. A match counts
+        only if what follows the anchor is no longer than what precedes it: a turn adds one answer and
+        one tool result to its history, while an anchor inside a shared system prompt would be followed
+        by a whole other conversation."""
+        if req.conversation:
+            return req.conversation, False
+        total = sum(n for _, n in req.fingerprint)
+        after = 0
+        for key, tokens in reversed(req.fingerprint):
+            conv = self.anchors.get(key)
+            if conv is not None and after <= total - after:
+                return conv, False
+            after += tokens
+            if after > total - after:
+                break
+        return f"rid:{req.rid}", not req.fingerprint
+
+    def _reserve(self, seat: Seat, tokens: int) -> int:
+        self.reserved[seat.slot] = self.reserved.get(seat.slot, 0) - seat.tokens + tokens
+        return tokens
+
+    def _dispatch(self, w: Waiter, slot: Slot, now: float, reason: str, scores: dict[str, float] | None = None,
+                  matched_tokens: int | None = None) -> Dispatch:
+        team = self.team(w.req.team, now)
+        seat = self.seats.get(w.key)
+        if seat is None or seat.slot != slot:
+            if seat is not None:
+                self._release(seat)
+            seat = Seat(w.key, w.req.model, slot, w.req.team, 0, now, now, one_shot=w.one_shot)
+            self.seats[w.key] = seat
+        seat.tokens = self._reserve(seat, max(seat.tokens, w.need))
+        seat.busy += 1
+        seat.last_active = now
+        if len(w.req.fingerprint) > 0 and not w.req.conversation:
+            anchor = w.req.fingerprint[-2 if len(w.req.fingerprint) > 1 else -1][0]
+            if seat.anchor is not None:
+                self.anchors.pop(seat.anchor, None)
+            seat.anchor = anchor
+            self.anchors[anchor] = w.key
+        charged = (self.params.input_weight * w.req.prompt_tokens
+                   + self.params.output_weight * (w.need - w.req.prompt_tokens))
+        team.charge(charged)
+        team.inflight += 1
+        team.dispatched(now)
+        self.running[w.req.rid] = Running(w, slot, charged)
+        decision = Dispatch(w.req.rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
+        self.router.dispatched(w.req, decision, now)
+        return decision
+
+    def _release(self, seat: Seat) -> None:
+        if self.seats.get(seat.key) is seat:
+            del self.seats[seat.key]
+        self.reserved[seat.slot] = self.reserved.get(seat.slot, 0) - seat.tokens
+        if seat.anchor is not None and self.anchors.get(seat.anchor) == seat.key:
+            del self.anchors[seat.anchor]
+
+    def _schedule(self, now: float) -> list[Decision]:
+        decisions: list[Decision] = []
+        # 1. Turns of seated conversations: they take no new capacity.
+        for w in self._order(list(self.waiting.values())):
+            seat = self.seats.get(w.key)
+            team = self.teams[w.req.team]
+            if seat is None or seat.model != w.req.model or seat.slot[0] in w.req.exclude:
+                continue
+            if not self._may_dispatch(team, now):
+                continue
+            grow = w.need - seat.tokens
+            cap = self._capacity(seat.slot)
+            used = self.reserved.get(seat.slot, 0)
+            if (grow > 0 and used + grow > self._budget(cap, growth=True)
+                    and not self._make_room(w, now, seat.slot, grow)
+                    and used + grow > (cap * self.share if cap else float("inf"))):
+                continue  # keeps its seat; goes when an idle seat there can be released
+            self._take(w)
+            scores = {"seated": 1.0}
+            matched = self.router.matched_tokens(w.req, *seat.slot)
+            if matched is not None:  # for traces: how much of this turn the backend should hold
+                scores["matched_tokens"] = float(matched)
+            decisions.append(self._dispatch(w, seat.slot, now, "prefix", scores, matched))
+        # 2. New seats, in fair order; a head that does not fit blocks its model (no backfill).
+        blocked: dict[str, Waiter] = {}
+        while True:
+            candidates = [w for w in self.waiting.values()
+                          if w.req.model not in blocked
+                          and self._may_dispatch(self.teams[w.req.team], now)]
+            if not candidates:
+                break
+            w = min(candidates, key=self._rank)
+            place = self._place(w, now)
+            if place is None and self._make_room(w, now):
+                place = self._place(w, now)
+            if place is None:
+                blocked[w.req.model] = w
+                continue
+            self._take(w)
+            decisions.append(self._dispatch(w, place.slot, now, place.reason, place.scores, place.matched_tokens))
+        return decisions
+
+    def _take(self, w: Waiter) -> None:
+        del self.waiting[w.req.rid]
+        self.teams[w.req.team].waiting -= 1
+
+    def _make_room(self, w: Waiter, now: float, slot: Slot | None = None, extra: int | None = None) -> bool:
+        """Release idle seats so that ``w`` fits (``FairOrder._victims``); False if none may go."""
+        victims = self._victims(w, now, slot, extra)
+        if victims is None:
+            return False
+        for seat in victims:
+            self._release(seat)
+        return True
+
+
+def _with_exclude(req: RequestFacts, backend: str) -> RequestFacts:
+    return dataclasses.replace(req, exclude=req.exclude | {backend})

@@ -1,0 +1,90 @@
+"""Fair order of the waiting room, placement of a new seat, and which idle seats give way.
+
+Order: priority band (team's ``priority`` + the request's, higher first), then the team's virtual
+token counter (lowest first), then arrival. Placement: the router chooses among the slots where the
+seat fits; else the fitting slot with the least reserved. Victims (idle, held ``min_hold_s``, or
+``quantum_s`` per ``rotate_on``) are chosen per slot so that the fewest seats are released,
+most-served team first, then oldest seat. Parameters and defaults: ``SeatParams``.
+"""
+
+from __future__ import annotations
+
+from policies.admission.records import Placement, Seat, Waiter
+from policies.admission.sizing import SeatSizing
+from policies.routing import Router
+from policies.teams import TeamState
+from policies.types import Slot
+
+
+class FairOrder(SeatSizing):
+    """Selection for ``SeatedAdmission``; mixed in, it reads the core's teams and router."""
+
+    teams: dict[str, TeamState]
+    router: Router
+
+    def _band(self, w: Waiter) -> int:
+        return self.teams[w.req.team].limits.priority + w.req.priority
+
+    def _rank(self, w: Waiter) -> tuple[int, float, float, int]:
+        return (-self._band(w), self.teams[w.req.team].vtc, w.arrived, w.seq)
+
+    def _order(self, waiters: list[Waiter]) -> list[Waiter]:
+        return sorted(waiters, key=self._rank)
+
+    def _place(self, w: Waiter, now: float) -> Placement | None:
+        """A slot with room for a new seat, chosen by the router among those that fit."""
+        fitting = {slot for slot, cap in self._slots(w.req.model, w.req.exclude) if self._fits(w.need, slot, cap)}
+        if not fitting:
+            return None
+        entry = self.models[w.req.model]
+        names = {slot[0] for slot in fitting}
+        choice = self.router.route(w.req, [v for n, v in entry.views.items() if n in names], now)
+        if choice is not None:
+            slot = (choice.backend, choice.rank if entry.views[choice.backend].dp_size > 1 else None)
+            if slot in fitting:
+                return Placement(slot, choice.reason, choice.scores, choice.matched_tokens)
+            same = [s for s in fitting if s[0] == choice.backend]
+            if same:  # the router's backend, on a rank that has room
+                return Placement(min(same, key=lambda s: self.reserved.get(s, 0)), choice.reason, choice.scores)
+        slot = min(fitting, key=lambda s: (self.reserved.get(s, 0), s[0], s[1] or 0))
+        return Placement(slot, "least_wait", {})
+
+    def _victims(self, w: Waiter, now: float, slot: Slot | None = None, extra: int | None = None) -> list[Seat] | None:
+        """Idle seats whose release lets ``w`` fit: on ``slot`` for ``extra`` more tokens (a seated
+        conversation that grew), else on whichever slot needs the fewest released; None if none may go."""
+        p = self.params
+        team = self.teams[w.req.team]
+        best: tuple[int, list[Seat]] | None = None
+        queued = {other.key for other in self.waiting.values()}
+        slots = [(s, c) for s, c in self._slots(w.req.model, w.req.exclude) if slot is None or s == slot]
+        for candidate, cap in slots:
+            need = w.need if extra is None else extra
+            victims = []
+            for seat in self.seats.values():
+                if seat.slot != candidate or seat.busy or seat.key == w.key or seat.key in queued:
+                    continue
+                held = now - seat.since
+                owner = self.teams[seat.team]
+                favoured = extra is not None or owner.vtc > team.vtc or self._band(w) > owner.limits.priority
+                quantum = self._quantum(candidate, seat.tokens)
+                if p.rotate_on == "waiter":
+                    favoured = favoured or now - w.arrived >= quantum
+                if (p.rotate_on == "seat" and held >= quantum) or (favoured and held >= p.min_hold_s):
+                    victims.append(seat)
+            victims.sort(key=lambda s: (-self.teams[s.team].vtc, s.since))
+            budget = self._budget(cap, growth=extra is not None)
+            used = self.reserved.get(candidate, 0)
+            # a new seat also needs a seat under the running cap; a growing one already has its own
+            seats = self._seats_on(candidate) if extra is None else -1
+            limit = self._seat_limit(candidate)
+            chosen: list[Seat] = []
+            for seat in victims:
+                if used + min(need, budget) <= budget and seats < limit:
+                    break
+                used -= seat.tokens
+                seats -= 1
+                chosen.append(seat)
+            fits = used + min(need, budget) <= budget and seats < limit
+            if fits and chosen and (best is None or len(chosen) < best[0]):
+                best = (len(chosen), chosen)
+        return None if best is None else best[1]

@@ -1,0 +1,41 @@
+"""The seat parameters of ``SeatedAdmission`` (config ``admission:``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SeatParams:
+    """Water marks, quantum and hold times of seats, and how the host tier and running cap count.
+
+    Formulas (the package docstring has the reasoning): a seat needs
+    ``prompt_tokens + min(max_output_tokens or default_output, output_clip)``; a new seat fits while
+    ``Σ seats + need ≤ admit_water · C · share``, a seated conversation grows up to ``high_water · C``;
+    ``C = C_gpu + host_water · C_host`` with a host tier; a waiter may take an idle seat after
+    ``clip(swap_s / swap_overhead, min_hold_s, quantum_s)`` (``quantum_s`` without a host tier); a rank
+    holds at most ``ceil(running_overbook · max_running_requests · share)`` seats.
+
+    Defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900, ``rotate_on`` "waiter",
+    ``min_hold_s`` 20, ``idle_release_s`` 30, ``default_output`` 1024, ``output_clip`` 4096,
+    ``input_weight`` 1, ``output_weight`` 1, ``host_water`` 1.0, ``swap_overhead`` 0.01,
+    ``running_overbook`` 1.2, ``full_idle_release_s`` 10.
+    """
+
+    high_water: float = 0.95
+    admit_water: float = 0.85
+    quantum_s: float = 900.0
+    min_hold_s: float = 20.0
+    rotate_on: str = "waiter"
+    """What makes an idle seat revocable for a waiter: "waiter" (the waiter has waited ``quantum_s``;
+    the seat was held ``min_hold_s``) or "seat" (the seat was held ``quantum_s``)."""
+    idle_release_s: float = 30.0
+    default_output: int = 1024
+    output_clip: int = 4096
+    input_weight: float = 1.0
+    output_weight: float = 1.0
+    # Tiers: see "Every tier" in the package docstring.
+    host_water: float = 1.0
+    swap_overhead: float = 0.01
+    running_overbook: float = 1.2
+    full_idle_release_s: float = 10.0

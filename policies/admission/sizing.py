@@ -1,0 +1,124 @@
+"""Seat sizing: what a seat needs, and each slot's seat budget counting every tier.
+
+A slot's budget is ``water · C · share`` with ``C = C_gpu + host_water · C_host`` when the backend
+reloads from a host tier (else ``C_gpu``; 0: unknown, unbounded), and at most
+``ceil(running_overbook · max_running_requests · share)`` seats. A waiter may take an idle seat
+after ``clip(tokens / reload_tokens_per_s / swap_overhead, min_hold_s, quantum_s)`` with a host
+tier, else ``quantum_s``. Parameters and defaults: ``SeatParams``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from policies.admission.params import SeatParams
+from policies.admission.records import ModelViews, Seat, Waiter
+from policies.types import BackendView, RequestFacts, Slot
+
+
+class SeatSizing:
+    """Seat budgets per slot; mixed into ``SeatedAdmission``, whose state it reads."""
+
+    params: SeatParams
+    share: float
+    models: dict[str, ModelViews]
+    seats: dict[str, Seat]
+    reserved: dict[Slot, int]
+    waiting: dict[str, Waiter]
+
+    def _need(self, req: RequestFacts) -> int:
+        out = min(req.max_output_tokens or self.params.default_output, self.params.output_clip)
+        return req.prompt_tokens + out
+
+    def _healthy(self, model: str, exclude: frozenset[str] = frozenset()) -> bool:
+        entry = self.models.get(model)
+        return entry is not None and any(v.healthy and v.name not in exclude for v in entry.views.values())
+
+    def _slots(self, model: str, exclude: frozenset[str]) -> list[tuple[Slot, int]]:
+        """Every healthy (backend, rank) of ``model`` with its capacity (0: unknown, unbounded)."""
+        entry = self.models.get(model)
+        if entry is None:
+            return []
+        slots: list[tuple[Slot, int]] = []
+        for view in entry.views.values():
+            if not view.healthy or view.name in exclude:
+                continue
+            cap = self._tier_capacity(view)
+            if view.dp_size > 1:
+                slots += [((view.name, r), cap) for r in range(view.dp_size)]
+            else:
+                slots.append(((view.name, None), cap))
+        return slots
+
+    def _capacity(self, slot: Slot) -> int:
+        for candidate, cap in self._slots_all(slot[0]):
+            if candidate == slot:
+                return cap
+        return 0
+
+    def _slots_all(self, backend: str) -> list[tuple[Slot, int]]:
+        for entry in self.models.values():
+            view = entry.views.get(backend)
+            if view is not None:
+                cap = self._tier_capacity(view)
+                if view.dp_size > 1:
+                    return [((backend, r), cap) for r in range(view.dp_size)]
+                return [((backend, None), cap)]
+        return []
+
+    def _budget(self, capacity: int, growth: bool = False) -> float:
+        water = self.params.high_water if growth else self.params.admit_water
+        return water * capacity * self.share if capacity else float("inf")
+
+    def _fits(self, need: int, slot: Slot, capacity: int) -> bool:
+        budget = self._budget(capacity)
+        used = self.reserved.get(slot, 0)
+        # A conversation larger than the whole budget still gets an empty backend to itself.
+        return used + min(need, budget) <= budget and self._seats_on(slot) < self._seat_limit(slot)
+
+    # ----- every tier: host tier, reload cost, running cap ---------------------------------------
+    # Kept apart from the seat mechanics above so that the two can change independently.
+
+    def _view_of(self, backend: str) -> BackendView | None:
+        for entry in self.models.values():
+            view = entry.views.get(backend)
+            if view is not None:
+                return view
+        return None
+
+    def _tier_capacity(self, view: BackendView) -> int:
+        """Seat budget base of one rank: its GPU pool plus ``host_water`` of a host tier it reloads from."""
+        if not view.kv_tokens:
+            return 0
+        if view.host_tokens and view.reload_tokens_per_s > 0:
+            return int(view.kv_tokens + self.params.host_water * view.host_tokens)
+        return view.kv_tokens
+
+    def _quantum(self, slot: Slot, tokens: int) -> float:
+        """How long a waiter waits before it may take an idle seat on ``slot``: the seat's swap cost
+        over ``swap_overhead`` when the backend reloads from a host tier, else ``quantum_s``."""
+        p = self.params
+        view = self._view_of(slot[0])
+        if view is None or not view.host_tokens or view.reload_tokens_per_s <= 0:
+            return p.quantum_s
+        swap_s = tokens / view.reload_tokens_per_s
+        return min(p.quantum_s, max(p.min_hold_s, swap_s / p.swap_overhead))
+
+    def _seat_limit(self, slot: Slot) -> float:
+        """Seats a rank may hold: ``running_overbook`` × its ``max_running_requests`` (unknown: no limit)."""
+        view = self._view_of(slot[0])
+        if view is None or view.max_running_requests <= 0:
+            return float("inf")
+        return math.ceil(self.params.running_overbook * view.max_running_requests * self.share - 1e-9)
+
+    def _seats_on(self, slot: Slot) -> int:
+        return sum(1 for seat in self.seats.values() if seat.slot == slot)
+
+    def _idle_release_s(self, seat: Seat) -> float:
+        """Idle time after which a seat is released: ``idle_release_s``, or ``full_idle_release_s``
+        on a rank whose running-cap seats are all taken while others wait (an ended conversation
+        must not hold one of a handful of seats for half a minute)."""
+        p = self.params
+        if self.waiting and self._seats_on(seat.slot) >= self._seat_limit(seat.slot):
+            return min(p.idle_release_s, p.full_idle_release_s)
+        return p.idle_release_s
