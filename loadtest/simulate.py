@@ -81,6 +81,7 @@ class SimConfig:
     scale: float = 1.0
     think_scale: float = 1.0
     speedup: float = 1.0
+    warm_start: bool = False
     config: Path | None = None
     tick_s: float = 0.25
     refresh_s: float = 1.0
@@ -369,7 +370,7 @@ def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None,
     factory = engine_factory or default_engine_factory(cfg)
     engines = {f"b{i}": factory() for i in range(cfg.backends)}
     workload = make_workload(cfg.workload, seed=cfg.seed, scale=cfg.scale, think_scale=cfg.think_scale,
-                             speedup=cfg.speedup)
+                             speedup=cfg.speedup, warm_start=cfg.warm_start)
     sim = Simulator(cfg, core, engines, workload)
     records = sim.run()
     teams = cfg.teams or [TeamSpec("default", cfg.conversations)]
