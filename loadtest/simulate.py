@@ -134,6 +134,15 @@ class Simulator:
         self._trace: Iterator[TraceRequest] | None = None
         self._retractions_at_warm = 0
         self.retractions = 0
+        self._engine_list = list(engines.values())
+        self._engine_index = {name: i for i, name in enumerate(engines)}
+        self._due: list[tuple[float, int]] = []
+
+    def _touch(self, i: int) -> None:
+        """Engine ``i`` changed: queue its next pass end (older entries become stale)."""
+        t = self._engine_list[i].next_time()
+        if t is not None:
+            heapq.heappush(self._due, (t, i))
 
     # -- event plumbing -------------------------------------------------------------------------
     def _push(self, t: float, kind: int, data: Any = None) -> None:
@@ -156,15 +165,23 @@ class Simulator:
             self._next_arrival()
         self._push(self.cfg.tick_s, _TICK)
         self._push(self.warm, _WARM)
-        engines = list(self.engines.values())
+        engines = self._engine_list
+        due = self._due
         while True:
-            t_eng, eng = min(((e.next_time(), e) for e in engines if e.next_time() is not None),
-                             default=(None, None), key=lambda p: p[0])
+            # The engine whose pass ends first (lowest index on a tie, as a scan would pick): entries
+            # are (time, index), pushed whenever an engine changes; an entry whose time is no longer
+            # that engine's next_time() is stale and dropped.
+            while due and engines[due[0][1]].next_time() != due[0][0]:
+                heapq.heappop(due)
+            t_eng = due[0][0] if due else None
             t_heap = self._heap[0][0] if self._heap else None
             if t_eng is not None and (t_heap is None or t_eng <= t_heap):
                 if t_eng >= self.end:
                     break
-                self._on_engine_events(eng.complete(), t_eng)
+                i = heapq.heappop(due)[1]
+                events = engines[i].complete()
+                self._touch(i)
+                self._on_engine_events(events, t_eng)
                 continue
             if t_heap is None or t_heap >= self.end:
                 break
@@ -250,6 +267,7 @@ class Simulator:
                 queue.extend(self._on_engine_events(engine.advance(now), now, apply=False))
                 p.record.backend = d.backend
                 engine.submit(_engine_request(d.rid, p, d.rank), now)
+                self._touch(self._engine_index[d.backend])
             elif isinstance(d, Refuse):
                 self._refused(p, d, now)
 
