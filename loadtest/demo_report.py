@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 
-from loadtest.report import COLUMNS, _cells, fmt_s, fmt_tpm, system_of
+from loadtest.report import COLUMNS, PLOTS, _cells, fmt_s, fmt_tpm, system_of, write_plots
 
 COLORS = {"direct": "#d1495b", "gateway": "#00798c", "sglang-router": "#edae49"}
 PUBLISHED_STYLE = {"color": "#333333", "marker": "D", "markerfacecolor": "none", "linestyle": ":", "linewidth": 1}
@@ -35,14 +35,14 @@ def verdict(rows: Sequence[dict]) -> dict | None:
     peak_g = max(r.get("total_tpm") or 0 for r in g.values())
     dt, gt = d[n].get("total_tpm") or 0, g[n].get("total_tpm") or 0
     dp, gp = d[n].get("ttft_p50_s"), g[n].get("ttft_p50_s")
-    ratio = gt / dt if dt else float("inf")
+    ratio = gt / dt if dt else None
     ttft_ratio = dp / gp if dp and gp else None
     sentence = (f"At {n} conversations, more than the caches hold, going straight to the servers collapses to "
                 f"{fmt_tpm(dt)} tokens/min ({dt / peak_d:.0%} of its peak) while cachegate serves {fmt_tpm(gt)} "
-                f"({gt / peak_g:.0%} of its peak): {ratio:.1f}x the throughput, with a median time to first token of "
+                f"({gt / peak_g:.0%} of its peak): {_x(ratio)} the throughput, with a median time to first token of "
                 f"{fmt_s(gp)} instead of {fmt_s(dp)}.") if peak_d and peak_g else "No completed requests."
     return {
-        "conversations": n, "sentence": sentence, "tpm_ratio": round(ratio, 2),
+        "conversations": n, "sentence": sentence, "tpm_ratio": None if ratio is None else round(ratio, 2),
         "ttft_ratio": None if ttft_ratio is None else round(ttft_ratio, 1),
         "direct": {"tpm": dt, "peak_tpm": peak_d, "of_peak": round(dt / peak_d, 3) if peak_d else None,
                    "ttft_p50_s": dp},
@@ -135,7 +135,7 @@ def _table(rows: Sequence[dict]) -> str:
 def meaning(v: dict | None, fullscale: dict | None) -> str:
     """The "what this means" paragraph, from the numbers."""
     parts = []
-    if v is not None:
+    if v is not None and v["direct"]["of_peak"] is not None and v["gateway"]["of_peak"] is not None:
         parts.append(
             f"On this machine, with {v['conversations']} conversations, more than the twins' caches hold, "
             f"sending every turn straight to the servers leaves {v['direct']['of_peak']:.0%} of the throughput "
@@ -190,6 +190,14 @@ pre{background:#1d2733;color:#e6e8eb;padding:10px 14px;border-radius:6px;font-si
 """
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _x(x: float | None) -> str:
+    return "-" if x is None or x == float("inf") else f"{x:.1f}x"
+
+
 def _cards(v: dict | None, meta: dict) -> str:
     if v is None:
         return ""
@@ -197,12 +205,12 @@ def _cards(v: dict | None, meta: dict) -> str:
                      f'{html.escape(k.replace("_", " "))}</div>' for k, ok in v["checks"].items())
     ttft = f"{v['ttft_ratio']:.0f}x" if v.get("ttft_ratio") else "-"
     return f"""<div class="cards">
-<div class="card"><div class="big">{v['tpm_ratio']:.1f}x</div><div class="lbl">cachegate's tokens/min over direct's
+<div class="card"><div class="big">{_x(v['tpm_ratio'])}</div><div class="lbl">cachegate's tokens/min over direct's
  at {v['conversations']} conversations</div></div>
 <div class="card"><div class="big">{ttft}</div><div class="lbl">shorter median time to first token
  ({fmt_s(v['gateway']['ttft_p50_s'])} vs {fmt_s(v['direct']['ttft_p50_s'])})</div></div>
-<div class="card"><div class="big bad">{v['direct']['of_peak']:.0%}</div><div class="lbl">of its own peak left to
- direct; cachegate keeps {v['gateway']['of_peak']:.0%}</div></div>
+<div class="card"><div class="big bad">{_pct(v['direct']['of_peak'])}</div><div class="lbl">of its own peak left to
+ direct; cachegate keeps {_pct(v['gateway']['of_peak'])}</div></div>
 <div class="card">{checks}<div class="lbl">wall time {meta.get('wall_s', '-')} s</div></div>
 </div>"""
 
@@ -238,6 +246,7 @@ def write_demo_report(rows: Sequence[dict], out: Path | str, title: str, meta: d
                                                     "fullscale": fullscale}, option=orjson.OPT_INDENT_2))
     cfg = meta.get("config", {})
     _panel_pair(rows, out / "live.png", "Live on this machine: simulated SGLang servers over real HTTP", hit=True)
+    write_plots(rows, out)  # the live panels one by one (tpm.png, ttft.png, cache_hit.png)
     live = (f"<h2>Live, on this machine</h2><p class=\"sub\">{cfg.get('backends', '?')} twins per system (profile "
             f"<code>{html.escape(str(cfg.get('profile', '?')))}</code>: a recomputed context costs seconds), "
             f"coding-agent at token scale {cfg.get('scale', '?')}, {cfg.get('duration_s', '?')} s per level of which "
@@ -246,6 +255,7 @@ def write_demo_report(rows: Sequence[dict], out: Path | str, title: str, meta: d
     sections = [live]
     if fullscale:
         sections.append(_fullscale_section(fullscale, out))
+    singles = ", ".join(f'<a href="{n}">{html.escape(c.lower())}</a>' for n, c in PLOTS.items())
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{CSS}</style></head>
 <body><main>
@@ -257,7 +267,7 @@ def write_demo_report(rows: Sequence[dict], out: Path | str, title: str, meta: d
 <div class="meaning">{meaning(v, fullscale)}</div>
 {''.join(sections)}
 <p class="note">Tokens per minute count input (cached included) plus output. Raw figures:
-<a href="report.json">report.json</a>; process logs in <code>logs/</code>.</p>
+<a href="report.json">report.json</a>; the live panels one by one: {singles}; process logs in <code>logs/</code>.</p>
 </main></body></html>
 """
     path = out / "index.html"
