@@ -139,6 +139,10 @@ class SeatedAdmission:
         self._seq = itertools.count()
         self.share = 1.0
         self.split_concurrency = False
+        self._idle_floor = -math.inf
+        """At most the ``last_active`` of every idle, unqueued seat since the last scan in ``tick`` (seats
+        only become idle with ``last_active = now``, except where this is reset), so a tick can tell
+        that no seat has been idle ``idle_release_s`` without looking at each one."""
 
     # ----- configuration -------------------------------------------------------------------------
 
@@ -264,6 +268,7 @@ class SeatedAdmission:
         waiter = self.waiting.pop(rid, None)
         if waiter is not None:
             self.team(waiter.req.team, now).waiting -= 1
+            self._idle_floor = -math.inf
         return self._schedule(now)
 
     def requeue(self, rid: str, now: float) -> list[Decision]:
@@ -296,6 +301,7 @@ class SeatedAdmission:
         run = self.running.pop(rid, None)
         if run is None:
             return None
+        self._idle_floor = -math.inf  # its seat may be idle again without a new last_active
         team = self.team(run.waiter.req.team, now)
         team.inflight -= 1
         team.charge(-run.charged)
@@ -315,10 +321,18 @@ class SeatedAdmission:
                 decisions.append(Refuse(w.req.rid, "queue_timeout",
                                         f"waited {now - w.arrived:.0f} s in team '{w.req.team}' queue "
                                         f"(limit {team.limits.queue_timeout_s:g} s)", team.retry_after(team.waiting)))
-        queued = {w.key for w in self.waiting.values()}
-        for seat in list(self.seats.values()):
-            if seat.busy == 0 and seat.key not in queued and now - seat.last_active > self.params.idle_release_s:
-                self._release(seat)
+        if decisions:
+            self._idle_floor = -math.inf  # refused waiters' seats are idle now, with an older last_active
+        if now - self._idle_floor > self.params.idle_release_s:
+            queued = {w.key for w in self.waiting.values()}
+            floor = now
+            for seat in list(self.seats.values()):
+                if seat.busy == 0 and seat.key not in queued:
+                    if now - seat.last_active > self.params.idle_release_s:
+                        self._release(seat)
+                    elif seat.last_active < floor:
+                        floor = seat.last_active
+            self._idle_floor = floor
         return decisions + self._schedule(now)
 
     # ----- state queries (admin API, metrics, tests) --------------------------------------------
