@@ -116,6 +116,7 @@ def simulate(profile: str, servers: int, teams: list[tuple[str, int]], seed: int
     from loadtest.simulate import SimConfig, Simulator, build_core, default_engine_factory
     from loadtest.workload import TeamSpec, make_workload
 
+    cpu = time.process_time()
     cfg = SimConfig(profile=profile, backends=servers, policy="gateway", teams=[TeamSpec(n, c) for n, c in teams],
                     minutes=minutes, warmup_minutes=warmup, seed=seed, scale=scale, think_scale=think_scale)
     factory = default_engine_factory(cfg)
@@ -125,7 +126,7 @@ def simulate(profile: str, servers: int, teams: list[tuple[str, int]], seed: int
     records = sim.run()
     row = summarize(records, sim.warm, sim.end, slots={s.index: s.team for s in sim.slots}, backends=list(engines))
     row.update(profile=profile, servers=servers, seed=seed, teams=team_rows(records, sim.warm, sim.end, dict(teams)),
-               peak_inflight=_peak_inflight(records, sim.warm, sim.end))
+               peak_inflight=_peak_inflight(records, sim.warm, sim.end), cpu_s=time.process_time() - cpu)
     return row
 
 
@@ -193,6 +194,7 @@ class Planner:
         self.pool = pool
         self.log = log
         self.teams = [(t.name, t.conversations) for t in cfg.teams]
+        self.cpu_s = 0.0
 
     def evaluate(self, profile: str, servers: int, seeds: tuple[int, ...], config: dict | None = None) -> Point:
         c = self.cfg
@@ -200,6 +202,7 @@ class Planner:
                 for s in seeds]
         runs = list(self.pool.map(_run, work)) if self.pool else [_run(w) for w in work]
         point = Point(servers, runs, c.targets)
+        self.cpu_s += sum(r["cpu_s"] for r in runs)
         self.log(f"{profile}: {servers} server(s): {point.passed()}/{len(runs)} seeds meet the targets "
                  f"(p50 {point.median('ttft_p50_s')}, p95 {point.median('ttft_p95_s')}, "
                  f"wait {point.median('max_wait_s')})")
@@ -260,6 +263,9 @@ class Planner:
                        per_team=_per_team(seen[best].runs))
         out["frontier"] = [seen[k].summary() for k in sorted(seen)]
         out["wall_s"] = round(time.perf_counter() - t0, 1)
+        out["cpu_s"] = round(self.cpu_s, 1)
+        out["simulations"] = sum(len(p.runs) for p in seen.values()) + (len(self.cfg.verify_seeds) if best else 0)
+        self.cpu_s = 0.0
         return out
 
 
@@ -300,4 +306,5 @@ def run_plan(cfg: PlanConfig, log: Callable[[str], None] = lambda _m: None) -> d
     return {"teams": [asdict(t) | {"conversations": t.conversations} for t in cfg.teams],
             "targets": asdict(cfg.targets), "seeds": list(cfg.seeds), "verify_seeds": list(cfg.verify_seeds),
             "minutes": cfg.minutes, "warmup_minutes": cfg.warmup_minutes, "scale": cfg.scale,
-            "profiles": results, "wall_s": round(time.perf_counter() - t0, 1)}
+            "profiles": results, "wall_s": round(time.perf_counter() - t0, 1),
+            "load_average": round(os.getloadavg()[0], 1)}

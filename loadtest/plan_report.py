@@ -73,7 +73,9 @@ def print_plan(plan: dict, console: Console | None = None) -> None:
         if result.get("servers") is not None:
             console.print(teams_table(result))
             console.print(f"[dim]{snippet(result)}[/dim]")
-        console.print(f"[bold]{headline(result, plan['targets'])}[/bold]\n")
+        console.print(f"[bold]{headline(result, plan['targets'])}[/bold]")
+        console.print(f"[dim]{result['simulations']} simulations, {result['cpu_s']} CPU-s, "
+                      f"{result['wall_s']} s wall[/dim]\n")
 
 
 def frontier_png(plan: dict, path: Path) -> Path:
