@@ -198,7 +198,7 @@ def plan(
     max_wait: float = typer.Option(120.0, help="Longest acceptable wait for a seat (s; the longest TTFT)."),
     seeds: str = typer.Option("1,2,3", help="Seeds every candidate fleet is simulated with."),
     verify_seeds: str = typer.Option("101,102", help="Other seeds the recommended fleet is re-simulated with."),
-    minutes: float = typer.Option(20.0, help="Simulated busy-hour minutes per run, warm-up included."),
+    minutes: float = typer.Option(15.0, help="Simulated busy-hour minutes per run, warm-up included."),
     warmup_minutes: float = typer.Option(5.0, help="Minutes excluded from every figure."),
     max_servers: int = typer.Option(256, min=1, help="Give up above this many servers."),
     out: Path = typer.Option(Path("cachegate-plan"), help="Folder for plan.json, frontier.png, teams-*.yaml."),

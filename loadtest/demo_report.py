@@ -103,14 +103,16 @@ def _panel_pair(rows: Sequence[dict], path: Path, title: str, published: dict | 
     tpm_ax.set(xlabel="concurrent conversations", ylabel="total tokens / min (M)", title="Throughput")
     tpm_ax.set_ylim(bottom=0)
     ttft_ax.set_yscale("log")
+    lo, hi = ttft_ax.get_ylim()
+    ttft_ax.set_ylim(lo, hi * 6)  # room for the legend above the curves
     ttft_ax.set(xlabel="concurrent conversations", ylabel="seconds (log)", title="Time to first token")
     if hit:
         axes[2].set(xlabel="concurrent conversations", ylabel="%", title="Prompt tokens served from cache")
         axes[2].set_ylim(0, 100)
-    for ax in axes:
+    for ax, loc in zip(axes, ("best", "upper left", "lower left"), strict=False):
         ax.grid(True, alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
-        ax.legend(fontsize=7.5, frameon=False)
+        ax.legend(fontsize=7.5, frameon=False, loc=loc, ncol=2 if ax is ttft_ax else 1)
     fig.suptitle(title, fontsize=12, fontweight="bold")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -6,9 +6,9 @@ For each hardware profile the planner simulates the busy hour (``coding-agent`` 
 A fleet **meets** the targets when every seed's run has median TTFT, p95 TTFT and longest wait
 (TTFT samples include the time spent waiting at the gateway for a seat) within them.
 
-Search: start at the servers whose KV holds every conversation at its mean resident context
-(``MEAN_CONTEXT`` tokens, at most ``ADMIT_WATER`` of the pool, as the seats do), step down while
-the fleet still meets, up (doubling, then bisecting) while it does not; the recommendation is the
+Search: start at the servers whose KV holds every conversation's mean seat (``MEAN_CONTEXT``
+tokens, at most ``ADMIT_WATER`` of the pool, as the seats do), step down while the fleet still
+meets, up (by a quarter, then doubling steps, then bisecting) while it does not; the recommendation is the
 smallest fleet that meets, and the frontier holds every fleet evaluated (always the one below and
 the one above the recommendation).
 
@@ -28,8 +28,9 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-MEAN_CONTEXT = 130_000
-"""Mean resident context of a coding-agent conversation at scale 1 (tokens; docs/benchmarks.md)."""
+MEAN_CONTEXT = 160_000
+"""Tokens a seated coding-agent conversation reserves on average over its life at scale 1 (its context
+grows from 20-60k to 200-250k; the seat holds the largest prompt so far plus the answer)."""
 ADMIT_WATER = 0.85
 HEADROOM = 1.25
 
@@ -70,7 +71,7 @@ class PlanConfig:
     targets: Targets = field(default_factory=Targets)
     seeds: tuple[int, ...] = (1, 2, 3)
     verify_seeds: tuple[int, ...] = (101, 102)
-    minutes: float = 20.0
+    minutes: float = 15.0
     warmup_minutes: float = 5.0
     max_servers: int = 256
     scale: float = 1.0
@@ -232,7 +233,7 @@ class Planner:
             best: int | None = n
         else:
             lo, hi = n, None
-            step = max(1, n)
+            step = max(1, math.ceil(n / 4))  # +25%, then doubling steps
             while hi is None:
                 cand = min(self.cfg.max_servers, lo + step)
                 if at(cand).meets:
