@@ -9,7 +9,8 @@ A fleet **meets** the targets when every seed's run has median TTFT, p95 TTFT an
 Search: start at the servers whose KV holds every conversation's mean seat (``MEAN_CONTEXT``
 tokens, at most ``ADMIT_WATER`` of the pool, as the seats do), step down while the fleet still
 meets, up (by a quarter, then doubling steps, then bisecting) while it does not; the recommendation is the
-smallest fleet that meets, and the frontier holds every fleet evaluated (always the one below and
+smallest fleet that meets (and, re-simulated with the team limits on other seeds, meets again; if
+not, the next one up that does), and the frontier holds every fleet evaluated (always the one below and
 the one above the recommendation).
 
 Team limits: each team's ``max_concurrency`` is its peak requests in flight at the busy hour on the
@@ -260,8 +261,19 @@ class Planner:
                     peaks[team] = max(peaks.get(team, 0), v)
             teams = teams_config(self.cfg.teams, peaks, self.cfg.targets)
             verify = self.evaluate(profile, best, self.cfg.verify_seeds, config={"teams": teams})
-            out.update(recommended=seen[best].summary(), teams=teams, verify=verify.summary(),
-                       per_team=_per_team(seen[best].runs))
+            rejected = []
+            while not verify.meets and best < self.cfg.max_servers:
+                # Met on the search seeds but not on the check's: too close to the edge; the next
+                # fleet that meets on both is the recommendation, and the report says so.
+                rejected.append({"servers": best, "verify": verify.summary()})
+                best += 1
+                if not at(best).meets:
+                    continue
+                verify = self.evaluate(profile, best, self.cfg.verify_seeds, config={"teams": teams})
+            if best + 1 <= self.cfg.max_servers:
+                at(best + 1)
+            out.update(servers=best, recommended=seen[best].summary(), teams=teams, verify=verify.summary(),
+                       rejected=rejected, per_team=_per_team(seen[best].runs))
         out["frontier"] = [seen[k].summary() for k in sorted(seen)]
         out["wall_s"] = round(time.perf_counter() - t0, 1)
         out["cpu_s"] = round(self.cpu_s, 1)

@@ -58,8 +58,16 @@ def headline(result: dict, targets: dict) -> str:
         return f"{result['profile']}: no fleet up to the search limit meets the targets{tail}."
     r, v = result["recommended"], result["verify"]
     below = next((p for p in result["frontier"] if p["servers"] == result["servers"] - 1), None)
-    miss = (f"; {below['servers']} would miss them on {below['seeds'] - below['seeds_passed']}/{below['seeds']} "
-            f"seeds (p95 {fmt_s(below['ttft_p95_s'])}, longest wait {fmt_s(below['max_wait_s'])})") if below else ""
+    rejected = {x["servers"]: x["verify"] for x in result.get("rejected", [])}
+    miss = ""
+    if below is not None and below["servers"] in rejected:
+        chk = rejected[below["servers"]]
+        miss = (f"; {below['servers']} met the targets on the search seeds but missed them on "
+                f"{chk['seeds'] - chk['seeds_passed']}/{chk['seeds']} check seeds (longest wait "
+                f"{fmt_s(chk['worst_max_wait_s'])})")
+    elif below is not None:
+        miss = (f"; {below['servers']} would miss them on {below['seeds'] - below['seeds_passed']}/{below['seeds']} "
+                f"seeds (p95 {fmt_s(below['ttft_p95_s'])}, longest wait {fmt_s(below['max_wait_s'])})")
     return (f"{result['profile']}: {result['servers']} server(s) ({result['server']}) serve "
             f"{fmt_tpm(r['total_tpm'])} tokens/min with TTFT p50 {fmt_s(r['ttft_p50_s'])}, p95 "
             f"{fmt_s(r['ttft_p95_s'])} and a longest wait of {fmt_s(r['max_wait_s'])}; re-simulated with the team "
