@@ -64,7 +64,7 @@ class DemoConfig:
     show_progress: bool = True
     fullscale: bool = True
     """Simulate the full-scale profiles for the report while the sweep runs."""
-    fullscale_minutes: float = 20.0
+    fullscale_minutes: float = 15.0
     sglang_router_python: str | None = None
     """A Python with ``sglang-router`` installed: adds SGLang's own router (``cache_aware``) as a third
     system on its own twins (``pip install sglang-router`` in another virtualenv)."""
@@ -295,7 +295,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
             twins = list(pool.map(lambda n: start_twins(cfg, procs, n), names))
         systems = [System(n, t) for n, t in zip(names, twins, strict=True)]
         if cfg.fullscale:
-            full = FullScale(minutes=cfg.fullscale_minutes)
+            full = FullScale(minutes=cfg.fullscale_minutes, cache=cfg.report / "fullscale-cache.json")
         console.print(f"ready in {time.monotonic() - t0:.1f} s")
         rows = asyncio.run(_sweep(cfg, procs, systems, console))
     finally:
@@ -303,6 +303,8 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
         fullscale = None
         if full is not None:
             if rows:
+                console.print(f"live sweep done; full-scale simulations: {full.done()}/{len(full.work)} finished, "
+                              f"waiting for the rest…")
                 fullscale = full.result()
             else:
                 full.cancel()

@@ -92,9 +92,10 @@ def frontier_png(plan: dict, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     results = plan["profiles"]
-    fig, axes = plt.subplots(1, len(results), figsize=(6.2 * len(results), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(6.2 * len(results), 4.8), squeeze=False)
     tg = plan["targets"]
     for ax, res in zip(axes[0], results, strict=True):
         pts = res["frontier"]
@@ -115,7 +116,9 @@ def frontier_png(plan: dict, path: Path) -> Path:
         right.set_ylim(bottom=0)
         h1, l1 = ax.get_legend_handles_labels()
         h2, l2 = right.get_legend_handles_labels()
-        ax.legend(h1 + h2, l1 + l2, fontsize=8, frameon=False, loc="upper right")
+        ax.legend(h1 + h2, l1 + l2, fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                  ncol=5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
