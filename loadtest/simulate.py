@@ -24,6 +24,8 @@ from typing import Any, Protocol
 
 from backends.sim.tokenizer import Block
 from loadtest.metrics import RequestRecord, summarize, team_rows
+from loadtest.simbuild import build_core
+from loadtest.simbuild import load_config as _load_config
 from loadtest.workload import (
     BLOCK_TOKENS,
     TRACE_BLOCK_TOKENS,
@@ -344,35 +346,6 @@ def _engine_request(rid: str, p: _Pending, rank: int | None) -> Any:
 
 # -- building a run ------------------------------------------------------------------------------
 
-def build_core(policy: str, admission: str | None = None, routing: str | None = None,
-               config: dict | None = None) -> DecisionCore:
-    """The decision core for ``--policy`` with optional ``--admission`` / ``--routing`` overrides.
-
-    Overrides are passed to ``policies.registry.build(policy, admission=..., routing=...)`` once the
-    registry accepts them; until then naming one is an error that says so. ``config`` (the
-    ``--config`` file's content) goes to ``core.configure(config)`` when the core has it (team
-    limits arrive with admission control; until then it is accepted and ignored).
-    """
-    import inspect
-
-    from policies import registry
-
-    kwargs: dict[str, str] = {}
-    if admission is not None:
-        kwargs["admission"] = admission
-    if routing is not None:
-        kwargs["routing"] = routing
-    params = inspect.signature(registry.build).parameters
-    missing = [k for k in kwargs if k not in params]
-    if missing:
-        raise ValueError(f"--{missing[0]} is not supported by this build (no {missing[0]} overrides "
-                         f"registered yet); policies: {', '.join(registry.names())}")
-    core = registry.build(policy, **kwargs)
-    if config is not None and hasattr(core, "configure"):
-        core.configure(config)
-    return core
-
-
 def default_engine_factory(cfg: SimConfig) -> EngineFactory:
     from backends.sim.engine import Engine, get_profile
 
@@ -419,17 +392,6 @@ def _policy_label(cfg: SimConfig) -> str:
     if cfg.routing:
         parts.append(f"routing={cfg.routing}")
     return "+".join(parts)
-
-
-def _load_config(path: Path | None) -> dict | None:
-    if path is None:
-        return None
-    import yaml
-
-    data = yaml.safe_load(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping (interfaces §6 shape)")
-    return data
 
 
 __all__ = ["SimConfig", "Simulator", "TraceWorkload", "build_core", "run_one"]
