@@ -77,7 +77,7 @@ class FullScale:
                  levels: tuple[int, ...] = LEVELS, cache: Path | None = None) -> None:
         self.good, self.fallback = good_profile()
         self.minutes, self.warmup, self.seed = minutes, warmup, seed
-        self.work = [(p, pol, n, minutes, warmup, seed) for p in (BAD_PROFILE, self.good)
+        self.work = [(p, pol, n, float(minutes), float(warmup), seed) for p in (BAD_PROFILE, self.good)
                      for pol in POLICIES for n in levels]
         self.t0 = time.perf_counter()
         self.cache = cache
