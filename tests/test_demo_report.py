@@ -63,3 +63,22 @@ def test_report_page_plots_and_meaning(tmp_path: Path) -> None:
     text = meaning(data["verdict"], data["fullscale"])
     assert "22%" in text and "97%" in text  # direct's and gateway's share of their peaks, from the numbers
     assert "1.20M" in text and "3.8x" in text  # bf16 direct at 48, gateway over direct
+
+
+def test_fullscale_figures_are_reused_only_for_the_same_code_and_runs(tmp_path: Path) -> None:
+    import orjson
+
+    from loadtest.fullscale import FullScale, code_key
+
+    cache = tmp_path / "fullscale-cache.json"
+    probe = FullScale(minutes=1, levels=(8,), jobs=1, cache=cache)  # no cache yet: it simulates
+    assert probe.cached is None
+    first = probe.result()
+    assert len(first["runs"]) == 4 and cache.is_file()
+    again = FullScale(minutes=1.0, levels=(8,), jobs=1, cache=cache)
+    assert again.cached is not None and again.done() == 4 and again.result()["cached"] is True
+    data = orjson.loads(cache.read_bytes())
+    cache.write_bytes(orjson.dumps({**data, "key": code_key(["other code"])}))
+    stale = FullScale(minutes=1, levels=(8,), jobs=1, cache=cache)
+    assert stale.cached is None
+    stale.cancel()
