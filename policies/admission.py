@@ -168,6 +168,10 @@ class SeatedAdmission(DecisionCore):
         self._seq = itertools.count()
         self.share = 1.0
         self.split_concurrency = False
+        self._idle_floor = -math.inf
+        """At most the ``last_active`` of every idle, unqueued seat since the last scan in ``tick`` (seats
+        only become idle with ``last_active = now``, except where this is reset), so a tick can tell
+        that no seat has been idle past its ``_idle_release_s`` without looking at each one."""
 
     # ----- configuration -------------------------------------------------------------------------
 
@@ -293,6 +297,7 @@ class SeatedAdmission(DecisionCore):
         waiter = self.waiting.pop(rid, None)
         if waiter is not None:
             self.team(waiter.req.team, now).waiting -= 1
+            self._idle_floor = -math.inf
         return self._schedule(now)
 
     def requeue(self, rid: str, now: float) -> list[Decision]:
@@ -325,6 +330,7 @@ class SeatedAdmission(DecisionCore):
         run = self.running.pop(rid, None)
         if run is None:
             return None
+        self._idle_floor = -math.inf  # its seat may be idle again without a new last_active
         team = self.team(run.waiter.req.team, now)
         team.inflight -= 1
         team.charge(-run.charged)
@@ -344,10 +350,21 @@ class SeatedAdmission(DecisionCore):
                 decisions.append(Refuse(w.req.rid, "queue_timeout",
                                         f"waited {now - w.arrived:.0f} s in team '{w.req.team}' queue "
                                         f"(limit {team.limits.queue_timeout_s:g} s)", team.retry_after(team.waiting)))
-        queued = {w.key for w in self.waiting.values()}
-        for seat in list(self.seats.values()):
-            if seat.busy == 0 and seat.key not in queued and now - seat.last_active > self._idle_release_s(seat):
-                self._release(seat)
+        if decisions:
+            self._idle_floor = -math.inf  # refused waiters' seats are idle now, with an older last_active
+        # No seat's threshold is below min(idle_release_s, full_idle_release_s): skip the scan while
+        # even the longest-idle seat is under it (exact: the same seats are released as by a full scan).
+        shortest = min(self.params.idle_release_s, self.params.full_idle_release_s)
+        if now - self._idle_floor > shortest:
+            queued = {w.key for w in self.waiting.values()}
+            floor = now
+            for seat in list(self.seats.values()):
+                if seat.busy == 0 and seat.key not in queued:
+                    if now - seat.last_active > self._idle_release_s(seat):
+                        self._release(seat)
+                    elif seat.last_active < floor:
+                        floor = seat.last_active
+            self._idle_floor = floor
         return decisions + self._schedule(now)
 
     # ----- state queries (admin API, metrics, tests) --------------------------------------------
@@ -555,12 +572,14 @@ class SeatedAdmission(DecisionCore):
         best: tuple[int, list[Seat]] | None = None
         queued = {other.key for other in self.waiting.values()}
         slots = [(s, c) for s, c in self._slots(w.req.model, w.req.exclude) if slot is None or s == slot]
+        idle: dict[Slot, list[Seat]] = {}  # one pass over the seats, each slot's in seat order
+        for seat in self.seats.values():
+            if not seat.busy and seat.key != w.key and seat.key not in queued:
+                idle.setdefault(seat.slot, []).append(seat)
         for candidate, cap in slots:
             need = w.need if extra is None else extra
             victims = []
-            for seat in self.seats.values():
-                if seat.slot != candidate or seat.busy or seat.key == w.key or seat.key in queued:
-                    continue
+            for seat in idle.get(candidate, ()):
                 held = now - seat.since
                 owner = self.teams[seat.team]
                 favoured = extra is not None or owner.vtc > team.vtc or self._band(w) > owner.limits.priority
