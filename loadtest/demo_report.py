@@ -9,6 +9,7 @@ sentence. ``write_demo_report`` writes ``report.json``, PNG plots (matplotlib, A
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -161,9 +162,17 @@ def meaning(v: dict | None, fullscale: dict | None) -> str:
                 f"{fmt_tpm(g['total_tpm'])} ({g['total_tpm'] / d['total_tpm']:.1f}x) at {fmt_s(g['ttft_p50_s'])}.")
         if ("direct", n) in good and ("gateway", n) in good:
             d, g = good[("direct", n)], good[("gateway", n)]
+            ratio = g["total_tpm"] / d["total_tpm"] if d["total_tpm"] else math.inf
+            if ratio >= 1.1:  # e.g. DP ranks with separate caches: direct spreads a conversation over them
+                lead = (f"On the good deployment's engine ({fullscale['good_profile']}) cachegate serves "
+                        f"{ratio:.1f}x what direct does")
+            elif ratio >= 0.9:
+                lead = f"Where the cache is large enough ({fullscale['good_profile']}), cachegate costs nothing"
+            else:
+                lead = (f"On the good deployment's engine ({fullscale['good_profile']}) cachegate gives up "
+                        f"{1 - ratio:.0%} of direct's throughput")
             parts.append(
-                f"Where the cache is large enough ({fullscale['good_profile']}), cachegate costs nothing: "
-                f"{fmt_tpm(g['total_tpm'])} against {fmt_tpm(d['total_tpm'])} direct at {n} conversations, "
+                f"{lead}: {fmt_tpm(g['total_tpm'])} against {fmt_tpm(d['total_tpm'])} direct at {n} conversations, "
                 f"p95 TTFT {fmt_s(g['ttft_p95_s'])} against {fmt_s(d['ttft_p95_s'])}.")
         parts.append("In short: size the fleet so the busy hour's conversations fit the caches "
                      "(<code>cachegate plan</code>), and let the gateway hold the rest back rather than let "
