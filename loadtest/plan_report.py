@@ -67,7 +67,8 @@ def headline(result: dict, targets: dict) -> str:
                 f"{fmt_s(chk['worst_max_wait_s'])})")
     elif below is not None:
         miss = (f"; {below['servers']} would miss them on {below['seeds'] - below['seeds_passed']}/{below['seeds']} "
-                f"seeds (p95 {fmt_s(below['ttft_p95_s'])}, longest wait {fmt_s(below['max_wait_s'])})")
+                f"seeds (p50 {fmt_s(below['ttft_p50_s'])}, p95 {fmt_s(below['ttft_p95_s'])}, "
+                f"longest wait {fmt_s(below['max_wait_s'])})")
     return (f"{result['profile']}: {result['servers']} server(s) ({result['server']}) serve "
             f"{fmt_tpm(r['total_tpm'])} tokens/min with TTFT p50 {fmt_s(r['ttft_p50_s'])}, p95 "
             f"{fmt_s(r['ttft_p95_s'])} and a longest wait of {fmt_s(r['max_wait_s'])}; re-simulated with the team "
