@@ -1,11 +1,11 @@
-"""The `cachegate` command: serve, sim-backend, simulate, loadtest, demo, bench."""
+"""The `cachegate` command: serve, sim-backend, simulate, loadtest, demo, plan, bench."""
 
 from __future__ import annotations
 
 import typer
 
 from backends.sim.cli import sim_backend
-from loadtest.cli import demo, loadtest, simulate
+from loadtest.cli import demo, loadtest, plan, simulate
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="cachegate: an OpenAI-compatible gateway with admission control for SGLang.")
@@ -14,6 +14,7 @@ app.command("sim-backend")(sim_backend)
 app.command("simulate")(simulate)
 app.command("loadtest")(loadtest)
 app.command("demo")(demo)
+app.command("plan")(plan)
 
 
 @app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,

@@ -180,18 +180,74 @@ def loadtest(
 
 def demo(
     report: Path = typer.Option(Path("cachegate-report"), help="Report folder."),
-    conversations: str = typer.Option("8,16,32", help="Concurrency sweep."),
-    duration: float = typer.Option(20.0, help="Seconds per level and system."),
-    backends: int = typer.Option(4, min=1, help="Simulated backends (tiny profile)."),
+    conversations: str = typer.Option("4,8,16,32", help="Concurrency sweep (the last level should "
+                                                        "oversubscribe the caches)."),
+    duration: float = typer.Option(30.0, help="Seconds per level, warm-up included (all systems at once)."),
+    warmup: float = typer.Option(8.0, help="Seconds at the start of each level left out of its figures."),
+    backends: int = typer.Option(2, min=1, help="Simulated servers per system."),
+    profile: str = typer.Option("demo", help="Twin profile (demo: a recomputed context costs seconds)."),
     think_scale: float = typer.Option(0.25, help="Multiply the agents' 2-8 s think times."),
+    fullscale: bool = typer.Option(True, "--fullscale/--no-fullscale",
+                                   help="Also simulate the full-scale profiles for the report."),
     sglang_router: str | None = typer.Option(
         None, "--sglang-router", help="A Python with sglang-router installed: adds SGLang's router as a third system."),
 ) -> None:
-    """Start simulated backends and the gateway, run a short sweep, write a report."""
+    """Start simulated backends and the gateway, run a short sweep past the caches' capacity, write a report."""
     from loadtest.demo import DemoConfig, run_demo
 
+    if not 0 <= warmup < duration:
+        raise _fail("--warmup must be at least 0 and shorter than --duration")
     try:
-        run_demo(DemoConfig(report=report, levels=_levels(conversations), duration_s=duration,
-                            backends=backends, think_scale=think_scale, sglang_router_python=sglang_router))
+        run_demo(DemoConfig(report=report, levels=_levels(conversations), duration_s=duration, warmup_s=warmup,
+                            backends=backends, profile=profile, think_scale=think_scale, fullscale=fullscale,
+                            sglang_router_python=sglang_router))
     except (RuntimeError, OSError) as exc:
         raise _fail(str(exc)) from None
+
+
+def plan(
+    teams: str = typer.Option(..., help="NAME:DEVELOPERS:CONVERSATIONS_PER_DEVELOPER,... (busy-hour agent "
+                                        "conversations per developer)."),
+    profile: str = typer.Option(..., help="Hardware profile(s), comma-separated "
+                                          f"({', '.join(p for p in PROFILES if p not in ('tiny', 'demo'))})."),
+    ttft_p50: float = typer.Option(2.0, help="Target median time to first token (s)."),
+    ttft_p95: float = typer.Option(20.0, help="Target p95 time to first token (s)."),
+    max_wait: float = typer.Option(120.0, help="Longest acceptable wait for a seat (s; the longest TTFT)."),
+    seeds: str = typer.Option("1,2,3", help="Seeds every candidate fleet is simulated with."),
+    verify_seeds: str = typer.Option("101,102", help="Other seeds the recommended fleet is re-simulated with."),
+    minutes: float = typer.Option(15.0, help="Simulated busy-hour minutes per run, warm-up included."),
+    warmup_minutes: float = typer.Option(5.0, help="Minutes excluded from every figure."),
+    max_servers: int = typer.Option(256, min=1, help="Give up above this many servers."),
+    out: Path = typer.Option(Path("cachegate-plan"), help="Folder for plan.json, frontier.png, teams-*.yaml."),
+    scale: float = typer.Option(1.0, hidden=True, help="Workload token scale (tests)."),
+    think_scale: float = typer.Option(1.0, hidden=True, help="Workload think-time scale (tests)."),
+    jobs: int = typer.Option(0, help="Simulations in parallel (0: one per CPU core)."),
+) -> None:
+    """Size a fleet: servers and team limits for N developers at a target TTFT (virtual time, gateway stack)."""
+    from loadtest.plan import PlanConfig, Targets, parse_teams, run_plan
+    from loadtest.plan_report import print_plan, write_plan
+
+    try:
+        team_list = parse_teams(teams)
+        profiles = [p.strip() for p in profile.split(",") if p.strip()]
+        from backends.sim.engine import get_profile
+
+        for p in profiles:
+            get_profile(p)
+        seed_list = tuple(_levels(seeds))
+        verify_list = tuple(_levels(verify_seeds))
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if min(ttft_p50, ttft_p95, max_wait) <= 0 or not 0 <= warmup_minutes < minutes:
+        raise _fail("targets must be positive and --warmup-minutes shorter than --minutes")
+    console = Console()
+    cfg = PlanConfig(teams=team_list, profiles=profiles, targets=Targets(ttft_p50, ttft_p95, max_wait),
+                     seeds=seed_list, verify_seeds=verify_list, minutes=minutes, warmup_minutes=warmup_minutes,
+                     max_servers=max_servers, scale=scale, think_scale=think_scale, jobs=jobs)
+    total = sum(t.conversations for t in team_list)
+    console.print(f"planning {sum(t.developers for t in team_list)} developers, {total} busy-hour conversations, "
+                  f"on {', '.join(profiles)}; {len(seed_list)} seeds per fleet")
+    result = run_plan(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    print_plan(result, console)
+    paths = write_plan(result, out)
+    console.print(f"[dim]{result['wall_s']} s wall; wrote {', '.join(str(p) for p in paths)}[/dim]")

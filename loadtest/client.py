@@ -43,6 +43,8 @@ class LiveConfig:
     request_timeout_s: float = 600.0
     system: str = "target"
     """Label of the system under test in the report."""
+    warm_start: bool = False
+    """coding-agent: enter each slot's first conversation at a random turn (``CodingAgent``)."""
 
 
 @dataclass
@@ -203,7 +205,7 @@ async def run_level(cfg: LiveConfig, state: LevelState | None = None,
                     stop: asyncio.Event | None = None) -> dict:
     """One concurrency level; returns its row (the simulator's fields where they apply)."""
     workload = make_workload(cfg.workload, seed=cfg.seed, scale=cfg.scale, think_scale=cfg.think_scale,
-                             speedup=cfg.speedup)
+                             speedup=cfg.speedup, warm_start=cfg.warm_start)
     teams = cfg.teams or [TeamSpec("default", cfg.conversations)]
     state = state or LevelState(sum(t.conversations for t in teams))
     interrupted = stop is not None and stop.is_set()

@@ -1,49 +1,73 @@
-"""`cachegate demo`: simulated backends + the gateway as local processes, a short sweep through
-the gateway and straight to the backends, a table and a report folder.
+"""`cachegate demo`: simulated SGLang servers, the gateway, a short sweep that crosses the caches'
+capacity, a live table, a one-sentence verdict and a report folder.
 
-Every process it starts is stopped on the way out (normal end, error or Ctrl-C), by its own pid.
-Each level of each system starts cold (the backends' caches are flushed first) and a level uses
-the same seed for both systems, with a different seed per level, so the gateway never carries
-stale knowledge of a conversation from an earlier level.
+Each system under test gets its own set of identical twins (profile ``demo``: a recomputed context
+costs seconds, see ``backends/sim/demo_profile.py``), and the systems run every level side by side
+on their own twins, so a level costs one slot of wall time, not one per system. Every level starts
+cold: the twins' caches are flushed and each gateway is restarted (so it holds no seat or prefix of an
+earlier level's conversations). Every level and system uses the same seed, so slot i runs the same
+conversation at every level and a higher level adds conversations to a lower one's.
+The workload enters each conversation at a random turn (``warm_start``), so the few seconds a level
+lasts see conversations of every age; the first ``warmup_s`` of a level are left out of its figures.
+
+Meanwhile a low-priority process pool simulates the full-scale profiles in virtual time
+(``loadtest/fullscale.py``) for the report. Every process started here is stopped on the way out
+(normal end, error or Ctrl-C), by its own pid.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 from rich.console import Console
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
 
-from loadtest.client import LiveConfig, sweep
-from loadtest.report import print_table, write_report
+from backends.sim.demo_profile import DEMO_PROFILE
+from loadtest.client import LevelState, LiveConfig, run_level
+from loadtest.demo_report import verdict, write_demo_report
+from loadtest.metrics import summarize
+from loadtest.report import fmt_s, fmt_tpm, print_table
 
 MODEL = "kimi-k2"
 SCALE = 0.032
-"""Token scale for the ``tiny`` profile: 250k-token conversations become ~8k."""
+"""Token scale: 20k-250k-token conversations become ~0.6k-8k."""
 THINK_SCALE = 0.25
 
 
 @dataclass
 class DemoConfig:
     report: Path = Path("cachegate-report")
-    levels: list[int] = field(default_factory=lambda: [8, 16, 32])
-    duration_s: float = 20.0
-    backends: int = 4
+    levels: list[int] = field(default_factory=lambda: [4, 8, 16, 32])
+    duration_s: float = 30.0
+    """Seconds per level, warm-up included (all systems at once)."""
+    warmup_s: float = 8.0
+    backends: int = 2
+    """Twins per system."""
+    profile: str = DEMO_PROFILE
+    scale: float = SCALE
     time_scale: float = 1.0
     think_scale: float = THINK_SCALE
     seed: int = 1
     startup_timeout_s: float = 30.0
     show_progress: bool = True
+    fullscale: bool = True
+    """Simulate the full-scale profiles for the report while the sweep runs."""
+    fullscale_minutes: float = 15.0
     sglang_router_python: str | None = None
-    """A Python with ``sglang-router`` installed: adds SGLang's own router (``cache_aware``) in front of
-    the same backends as a third system (``pip install sglang-router`` in another virtualenv)."""
+    """A Python with ``sglang-router`` installed: adds SGLang's own router (``cache_aware``) as a third
+    system on its own twins (``pip install sglang-router`` in another virtualenv)."""
 
 
 def free_port() -> int:
@@ -53,7 +77,7 @@ def free_port() -> int:
 
 
 class Processes:
-    """Child processes this demo started; ``stop_all`` ends exactly those."""
+    """Child processes this demo started; ``stop`` / ``stop_all`` end exactly those."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
@@ -62,7 +86,7 @@ class Processes:
     def start(self, name: str, args: list[str], python: str = sys.executable, module: str = "gateway.cli"
               ) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = (self.log_dir / f"{name}.log").open("wb")
+        log = (self.log_dir / f"{name}.log").open("ab")
         proc = subprocess.Popen([python, "-m", module, *args], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
@@ -73,17 +97,21 @@ class Processes:
         path = self.log_dir / f"{name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
-    def stop_all(self) -> None:
-        for _, p in self.procs:
+    @staticmethod
+    def stop(procs: list[subprocess.Popen]) -> None:
+        for p in procs:
             if p.poll() is None:
                 p.terminate()
         deadline = time.monotonic() + 5
-        for _, p in self.procs:
+        for p in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(max(0.1, deadline - time.monotonic()))
             if p.poll() is None:
                 p.kill()
                 p.wait(5)
+
+    def stop_all(self) -> None:
+        self.stop([p for _, p in self.procs])
 
 
 def wait_ready(procs: Processes, name: str, proc: subprocess.Popen, url: str, timeout_s: float) -> None:
@@ -98,7 +126,7 @@ def wait_ready(procs: Processes, name: str, proc: subprocess.Popen, url: str, ti
     raise RuntimeError(f"{name} not ready at {url} after {timeout_s:.0f} s:\n{procs.log_tail(name)}")
 
 
-def flush(urls: list[str], timeout_s: float = 20.0) -> None:
+def flush(urls: list[str], timeout_s: float = 30.0) -> None:
     """Empty every backend's cache (SGLang answers 400 while requests are still running)."""
     for url in urls:
         deadline = time.monotonic() + timeout_s
@@ -111,70 +139,188 @@ def flush(urls: list[str], timeout_s: float = 20.0) -> None:
             time.sleep(0.2)
 
 
-def start_stack(cfg: DemoConfig, procs: Processes) -> tuple[list[str], str]:
-    """Start the twins and the gateway; returns (backend URLs, gateway URL) once all are ready."""
-    twins = []
+@dataclass
+class System:
+    """One system under test: its own twins, and a front process (gateway, router) or none."""
+
+    name: str
+    twins: list[str]
+    front: str | None = None
+    proc: subprocess.Popen | None = None
+
+    def targets(self) -> list[str]:
+        return [self.front] if self.front else self.twins
+
+
+def start_twins(cfg: DemoConfig, procs: Processes, system: str) -> list[str]:
+    started = []
     for i in range(cfg.backends):
         port = free_port()
-        name = f"backend{i}"
-        proc = procs.start(name, ["sim-backend", "--profile", "tiny", "--port", str(port), "--time-scale",
+        name = f"{system}-twin{i}"
+        proc = procs.start(name, ["sim-backend", "--profile", cfg.profile, "--port", str(port), "--time-scale",
                                   str(cfg.time_scale), "--model", MODEL])
-        twins.append((name, proc, f"http://127.0.0.1:{port}"))
-    for name, proc, url in twins:
+        started.append((name, proc, f"http://127.0.0.1:{port}"))
+    for name, proc, url in started:
         wait_ready(procs, name, proc, f"{url}/health", cfg.startup_timeout_s)
-    urls = [url for _, _, url in twins]
+    return [url for _, _, url in started]
+
+
+def start_gateway(cfg: DemoConfig, procs: Processes, sysm: System) -> None:
+    """(Re)start the gateway in front of ``sysm``'s twins: a cold gateway for a cold level."""
+    if sysm.proc is not None:
+        procs.stop([sysm.proc])
     port = free_port()
-    args = ["serve", "--model", MODEL, "--port", str(port), "--host", "127.0.0.1"]
-    for url in urls:
+    args = ["serve", "--model", MODEL, "--port", str(port), "--host", "127.0.0.1", "--log-level", "warning"]
+    for url in sysm.twins:
         args += ["--backend", url]
-    gw = procs.start("gateway", args)
-    gateway = f"http://127.0.0.1:{port}"
-    wait_ready(procs, "gateway", gw, f"{gateway}/readyz", cfg.startup_timeout_s)
-    return urls, gateway
+    sysm.proc = procs.start(sysm.name, args)
+    sysm.front = f"http://127.0.0.1:{port}"
+    wait_ready(procs, sysm.name, sysm.proc, f"{sysm.front}/readyz", cfg.startup_timeout_s)
 
 
-def start_sglang_router(cfg: DemoConfig, procs: Processes, urls: list[str]) -> str:
-    """SGLang's router (``cache_aware``, its launcher's defaults) in front of the same backends."""
+def start_sglang_router(cfg: DemoConfig, procs: Processes, sysm: System) -> None:
+    """SGLang's router (``cache_aware``, its launcher's defaults) in front of ``sysm``'s twins."""
     assert cfg.sglang_router_python
+    if sysm.proc is not None:
+        procs.stop([sysm.proc])
     port, metrics = free_port(), free_port()
-    proc = procs.start("sglang-router", ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
-                                         "--policy", "cache_aware", "--prometheus-host", "127.0.0.1",
-                                         "--prometheus-port", str(metrics), "--log-level", "warn"],
-                       python=cfg.sglang_router_python, module="sglang_router.launch_router")
-    router = f"http://127.0.0.1:{port}"
-    wait_ready(procs, "sglang-router", proc, f"{router}/readiness", cfg.startup_timeout_s)
-    return router
+    sysm.proc = procs.start(sysm.name, ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *sysm.twins,
+                                        "--policy", "cache_aware", "--prometheus-host", "127.0.0.1",
+                                        "--prometheus-port", str(metrics), "--log-level", "warn"],
+                            python=cfg.sglang_router_python, module="sglang_router.launch_router")
+    sysm.front = f"http://127.0.0.1:{port}"
+    wait_ready(procs, sysm.name, sysm.proc, f"{sysm.front}/readiness", cfg.startup_timeout_s)
+
+
+def _reset(cfg: DemoConfig, procs: Processes, sysm: System) -> None:
+    flush(sysm.twins)
+    if sysm.name == "gateway":
+        start_gateway(cfg, procs, sysm)
+    elif sysm.name == "sglang-router":
+        start_sglang_router(cfg, procs, sysm)
+
+
+# -- the live table --------------------------------------------------------------------------------
+
+def live_table(cfg: DemoConfig, names: list[str], states: dict[tuple[int, str], LevelState],
+               levels_done: int) -> Table:
+    table = Table(title=f"cachegate demo: {' vs '.join(names)}, {cfg.backends} twins each "
+                        f"(profile {cfg.profile}), {cfg.duration_s:g} s per level", header_style="bold")
+    table.add_column("Conv.", justify="right")
+    table.add_column("Level", min_width=24)
+    for n in names:
+        table.add_column(f"{n}\ntok/min", justify="right")
+        table.add_column(f"{n}\nTTFT p50", justify="right")
+    for i, level in enumerate(cfg.levels):
+        row_states = [states.get((level, n)) for n in names]
+        started = [s for s in row_states if s is not None]
+        elapsed = max((s.elapsed() for s in started), default=0.0)
+        done = i < levels_done
+        bar = ProgressBar(total=cfg.duration_s, completed=cfg.duration_s if done else min(elapsed, cfg.duration_s),
+                          width=18, complete_style="green" if done else "cyan")
+        label = Table.grid(padding=(0, 1))
+        label.add_row(bar, "done" if done else ("warm-up" if started and elapsed < cfg.warmup_s else
+                                                 f"{elapsed:.0f} s" if started else "waiting"))
+        cells: list[object] = [str(level), label]
+        for s in row_states:
+            if s is None or s.elapsed() <= cfg.warmup_s:
+                cells += ["-", "-"]
+                continue
+            fig = summarize(s.records, cfg.warmup_s, s.elapsed())
+            cells += [fmt_tpm(fig["total_tpm"]), fmt_s(fig["ttft_p50_s"])]
+        table.add_row(*cells)  # type: ignore[arg-type]
+    return table
+
+
+async def _sweep(cfg: DemoConfig, procs: Processes, systems: list[System], console: Console) -> list[dict]:
+    names = [s.name for s in systems]
+    states: dict[tuple[int, str], LevelState] = {}
+    rows: list[dict] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    done = [0]
+    try:
+        with Live(live_table(cfg, names, states, 0), console=console, refresh_per_second=4,
+                  auto_refresh=cfg.show_progress and console.is_terminal) as live:
+            for i, level in enumerate(cfg.levels):
+                if stop.is_set():
+                    break
+                with ThreadPoolExecutor(len(systems)) as pool:
+                    for f in [pool.submit(_reset, cfg, procs, s) for s in systems]:
+                        await asyncio.wrap_future(f)
+                base = dict(model=MODEL, workload="coding-agent", conversations=level, duration_s=cfg.duration_s,
+                            warmup_s=cfg.warmup_s, seed=cfg.seed, scale=cfg.scale, warm_start=True,
+                            think_scale=cfg.think_scale * cfg.time_scale)
+                jobs = []
+                for s in systems:
+                    states[(level, s.name)] = state = LevelState(level)
+                    live_cfg = LiveConfig(base_urls=s.targets(), system=s.name, **base)  # type: ignore[arg-type]
+                    jobs.append(run_level(live_cfg, state, stop))
+                ticker = asyncio.create_task(_refresh(live, cfg, names, states, done))
+                try:
+                    level_rows = await asyncio.gather(*jobs)
+                finally:
+                    ticker.cancel()
+                done[0] = i + 1
+                live.update(live_table(cfg, names, states, done[0]))
+                rows += level_rows
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+    return rows
+
+
+async def _refresh(live: Live, cfg: DemoConfig, names: list[str], states: dict, done: list[int]) -> None:
+    while True:
+        live.update(live_table(cfg, names, states, done[0]))
+        await asyncio.sleep(0.5)
 
 
 def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
     """Run the demo; returns the report's index.html."""
+    from loadtest.fullscale import FullScale
+
     console = console or Console()
     t0 = time.monotonic()
     procs = Processes(cfg.report / "logs")
+    full: FullScale | None = None
     rows: list[dict] = []
     try:
-        console.print(f"starting {cfg.backends} simulated SGLang backends (tiny) and the gateway…")
-        urls, gateway = start_stack(cfg, procs)
-        console.print(f"ready in {time.monotonic() - t0:.1f} s: gateway {gateway}, backends {', '.join(urls)}")
-        systems = [("gateway", [gateway]), ("direct", urls)]
-        if cfg.sglang_router_python:
-            systems.insert(1, ("sglang-router", [start_sglang_router(cfg, procs, urls)]))
-        base = dict(model=MODEL, workload="coding-agent", duration_s=cfg.duration_s, seed=cfg.seed,
-                    scale=SCALE, think_scale=cfg.think_scale * cfg.time_scale)
-        for system, targets in systems:
-            live = LiveConfig(base_urls=targets, system=system, **base)  # type: ignore[arg-type]
-            done = asyncio.run(sweep(live, cfg.levels, show_progress=cfg.show_progress,
-                                     on_level=lambda _c: flush(urls), vary_seed=True))
-            rows += done
-            if any(r.get("interrupted") for r in done):
-                break
+        names = ["direct", "gateway"] + (["sglang-router"] if cfg.sglang_router_python else [])
+        console.print(f"starting {len(names)} x {cfg.backends} simulated SGLang servers (profile {cfg.profile}) "
+                      f"and the gateway…")
+        with ThreadPoolExecutor(len(names)) as pool:
+            twins = list(pool.map(lambda n: start_twins(cfg, procs, n), names))
+        systems = [System(n, t) for n, t in zip(names, twins, strict=True)]
+        if cfg.fullscale:
+            full = FullScale(minutes=cfg.fullscale_minutes, cache=cfg.report / "fullscale-cache.json")
+        console.print(f"ready in {time.monotonic() - t0:.1f} s")
+        rows = asyncio.run(_sweep(cfg, procs, systems, console))
     finally:
         procs.stop_all()
-    title = (f"cachegate demo: coding-agent (scale {SCALE}) on {cfg.backends} x tiny, "
+        fullscale = None
+        if full is not None:
+            if rows:
+                console.print(f"live sweep done; full-scale simulations: {full.done()}/{len(full.work)} finished, "
+                              f"waiting for the rest…")
+                fullscale = full.result()
+            else:
+                full.cancel()
+    title = (f"cachegate demo: coding-agent (scale {cfg.scale}) on {cfg.backends} x {cfg.profile} per system, "
              f"{cfg.duration_s:g} s per level")
     print_table(rows, title, console)
-    meta = {"wall_s": round(time.monotonic() - t0, 1),
+    v = verdict(rows)
+    if v is not None:
+        console.print(f"\n[bold]{v['sentence']}[/bold]\n")
+    meta = {"wall_s": round(time.monotonic() - t0, 1), "config": _config_meta(cfg), "verdict": v,
             "processes": [{"name": n, "pid": p.pid, "returncode": p.returncode} for n, p in procs.procs]}
-    index = write_report(rows, cfg.report, title, meta=meta)
+    index = write_demo_report(rows, cfg.report, title, meta=meta, fullscale=fullscale)
     console.print(f"demo finished in {time.monotonic() - t0:.0f} s; report: {index.resolve()}")
     return index
+
+
+def _config_meta(cfg: DemoConfig) -> dict:
+    return {"levels": cfg.levels, "duration_s": cfg.duration_s, "warmup_s": cfg.warmup_s, "backends": cfg.backends,
+            "profile": cfg.profile, "scale": cfg.scale, "think_scale": cfg.think_scale, "seed": cfg.seed}

@@ -55,6 +55,11 @@ class LivePath:
             self._push(start, self._CALL, functools.partial(self._backend_down, name))
             self._push(end, self._CALL, functools.partial(self._backend_back, name))
 
+    def _touch_backend(self, name: str) -> None:
+        """Engine ``name`` changed (advanced, a request submitted or aborted, its cache flushed): the
+        simulator re-queues the end of its next pass (``Simulator`` keeps that queue)."""
+        raise NotImplementedError
+
     def fault_counts(self) -> dict[str, int]:
         """Requests in the measured window that a fault ended, and the dispatches requeued."""
         done = [r for r in self.records if self.warm <= r.arrival < self.end]
@@ -86,6 +91,7 @@ class LivePath:
         self._decided.extend(self._on_engine_events(engine.advance(now), now, apply=False))
         p.record.backend = p.backend = d.backend
         engine.submit(_engine_request(d.rid, p, d.rank), now)
+        self._touch_backend(d.backend)
 
     def _failed(self, p: Any, error: str, now: float, *, reached: bool) -> None:
         """The request ended without an answer (its client left, its backend went away): the core
@@ -105,8 +111,10 @@ class LivePath:
         if p.backend is not None:
             self._decided.extend(self._on_engine_events(self.engines[p.backend].advance(now), now, apply=False))
             if rid not in self.pending:  # it finished in that instant
+                self._touch_backend(p.backend)
                 return
             self.engines[p.backend].abort(rid, now)
+            self._touch_backend(p.backend)
         self._failed(p, "cancelled", now, reached=p.backend is not None)
 
     def _backend_down(self, name: str, now: float) -> None:
@@ -118,9 +126,11 @@ class LivePath:
                 engine.abort(rid, now)
                 self.pool.request_failed(name, "stream_broken")
                 self._failed(p, "stream_broken", now, reached=True)
+        self._touch_backend(name)
 
     def _backend_back(self, name: str, now: float) -> None:
         self.engines[name].flush_cache()  # a restarted engine starts with an empty cache
+        self._touch_backend(name)
 
 
 def _engine_request(rid: str, p: Any, rank: int | None) -> Any:

@@ -86,6 +86,7 @@ class SimConfig:
     scale: float = 1.0
     think_scale: float = 1.0
     speedup: float = 1.0
+    warm_start: bool = False
     config: Path | None = None
     tick_s: float = 0.25
     refresh_s: float = 1.0
@@ -147,7 +148,19 @@ class Simulator(LivePath):
         self._trace: Iterator[TraceRequest] | None = None
         self._retractions_at_warm = 0
         self.retractions = 0
+        self._engine_list = list(engines.values())
+        self._engine_index = {name: i for i, name in enumerate(engines)}
+        self._due: list[tuple[float, int]] = []
         self._live_path(MODEL, settings)  # the facts, driver and pool of loadtest/sim_live.py
+
+    def _touch(self, i: int) -> None:
+        """Engine ``i`` changed: queue its next pass end (older entries become stale)."""
+        t = self._engine_list[i].next_time()
+        if t is not None:
+            heapq.heappush(self._due, (t, i))
+
+    def _touch_backend(self, name: str) -> None:
+        self._touch(self._engine_index[name])
 
     # -- event plumbing -------------------------------------------------------------------------
     def _push(self, t: float, kind: int, data: Any = None) -> None:
@@ -170,15 +183,23 @@ class Simulator(LivePath):
             self._next_arrival()
         self._push(self.cfg.tick_s, _TICK)
         self._push(self.warm, _WARM)
-        engines = list(self.engines.values())
+        engines = self._engine_list
+        due = self._due
         while True:
-            t_eng, eng = min(((e.next_time(), e) for e in engines if e.next_time() is not None),
-                             default=(None, None), key=lambda p: p[0])
+            # The engine whose pass ends first (lowest index on a tie, as a scan would pick): entries
+            # are (time, index), pushed whenever an engine changes; an entry whose time is no longer
+            # that engine's next_time() is stale and dropped.
+            while due and engines[due[0][1]].next_time() != due[0][0]:
+                heapq.heappop(due)
+            t_eng = due[0][0] if due else None
             t_heap = self._heap[0][0] if self._heap else None
             if t_eng is not None and (t_heap is None or t_eng <= t_heap):
                 if t_eng >= self.end:
                     break
-                self._on_engine_events(eng.complete(), t_eng)
+                i = heapq.heappop(due)[1]
+                events = engines[i].complete()
+                self._touch(i)
+                self._on_engine_events(events, t_eng)
                 continue
             if t_heap is None or t_heap >= self.end:
                 break
@@ -354,7 +375,7 @@ def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None,
     factory = engine_factory or default_engine_factory(cfg)
     engines = {f"b{i}": factory() for i in range(cfg.backends)}
     workload = make_workload(cfg.workload, seed=cfg.seed, scale=cfg.scale, think_scale=cfg.think_scale,
-                             speedup=cfg.speedup)
+                             speedup=cfg.speedup, warm_start=cfg.warm_start)
     sim = Simulator(cfg, core, engines, workload, validate_config(config) if config is not None else None)
     records = sim.run()
     teams = cfg.teams or [TeamSpec("default", cfg.conversations)]

@@ -195,6 +195,11 @@ class CodingAgent:
     seed: int = 1
     scale: float = 1.0
     think_scale: float = 1.0
+    warm_start: bool = False
+    """Enter each slot's first conversation at a random turn, as a deployment that has been running
+    for a while would see it: that first request carries the history before the turn (answers as
+    ``history`` pieces). Short live runs then measure conversations of every age, not only young
+    ones; the caches still start cold."""
     name: str = "coding-agent"
     closed_loop: bool = field(default=True, init=False)
 
@@ -226,8 +231,22 @@ class CodingAgent:
     def conversations(self, slot: int, team: str = "default") -> Iterator[Conversation]:
         index = 0
         while True:
-            yield self.conversation(slot, index, team)
+            conv = self.conversation(slot, index, team)
+            yield self._entered_midway(conv) if self.warm_start and index == 0 else conv
             index += 1
+
+    def _entered_midway(self, conv: Conversation) -> Conversation:
+        """``conv`` from a random turn k on: turn k's request carries turns 0..k-1 and their answers."""
+        k = random.Random(f"coding-agent/warm/{self.seed}/{conv.slot}").randrange(len(conv.turns))
+        if k == 0:
+            return conv
+        history: list[Segment] = []
+        for i, turn in enumerate(conv.turns[:k]):
+            history += turn.new
+            history.append(answer_segment(f"{conv.cid}/history{i}", turn.output_tokens))
+        head = conv.turns[k]
+        merged = Turn((*history, *head.new), head.output_tokens, conv.turns[0].think_s)
+        return Conversation(conv.cid, conv.team, conv.slot, [merged, *conv.turns[k + 1:]])
 
     def _answer(self, rng: random.Random) -> int:
         lo, hi = ANSWER_TOKENS
@@ -296,10 +315,10 @@ Workload = CodingAgent | TraceWorkload
 
 
 def make_workload(spec: str, *, seed: int = 1, scale: float = 1.0, think_scale: float = 1.0,
-                  speedup: float = 1.0) -> Workload:
-    """``coding-agent`` or ``trace:PATH``."""
+                  speedup: float = 1.0, warm_start: bool = False) -> Workload:
+    """``coding-agent`` or ``trace:PATH`` (``warm_start``: see ``CodingAgent``)."""
     if spec == "coding-agent":
-        return CodingAgent(seed=seed, scale=scale, think_scale=think_scale)
+        return CodingAgent(seed=seed, scale=scale, think_scale=think_scale, warm_start=warm_start)
     if spec.startswith("trace:"):
         path = Path(spec.removeprefix("trace:"))
         if not path.is_file():

@@ -94,16 +94,26 @@ def test_loadtest_cli_sweep_json_and_report(twin: str, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_end_to_end(tmp_path: Path) -> None:
+    """The sweep's logic on a very short run: both systems side by side at every level, on their own
+    twins, a verdict, the plots, and no process left behind."""
     out = tmp_path / "report"
     t = time.monotonic()
-    index = run_demo(DemoConfig(report=out, levels=[2, 4], duration_s=3.0, backends=2, show_progress=False))
-    assert time.monotonic() - t < 60
+    index = run_demo(DemoConfig(report=out, levels=[2, 4], duration_s=5.0, warmup_s=1.0, backends=1,
+                                profile="tiny", show_progress=False, fullscale=False))
+    assert time.monotonic() - t < 90
     report = json.loads((out / "report.json").read_text())
     systems = {(r["system"], r["conversations"]) for r in report["runs"]}
     assert systems == {("gateway", 2), ("gateway", 4), ("direct", 2), ("direct", 4)}
     assert all(r["completed_rpm"] > 0 for r in report["runs"])
-    for name in ("tpm.png", "ttft.png", "cache_hit.png"):
+    # Each system ran on its own twin: direct's rows name the twin, gateway's the gateway.
+    direct_urls = {u for r in report["runs"] if r["system"] == "direct" for u in r["base_urls"]}
+    gateway_urls = {u for r in report["runs"] if r["system"] == "gateway" for u in r["base_urls"]}
+    assert len(direct_urls) == 1 and len(gateway_urls) == 2 and not direct_urls & gateway_urls  # restarted per level
+    assert report["verdict"]["conversations"] == 4 and "conversations" in report["verdict"]["sentence"]
+    for name in ("live.png", "tpm.png", "ttft.png", "cache_hit.png"):
         assert (out / name).stat().st_size > 1000 and name in index.read_text()
+    names = [p["name"] for p in report["processes"]]
+    assert names.count("gateway") == 2 and "direct-twin0" in names and "gateway-twin0" in names
     for p in report["processes"]:
         assert p["returncode"] is not None
         with pytest.raises(ProcessLookupError):

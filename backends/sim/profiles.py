@@ -324,3 +324,9 @@ def get_profile(name: str) -> Profile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown profile {name!r}; choose one of: {', '.join(PROFILES)}") from None
+
+
+# ---- issue 15: the live demo's twin profile, kept in its own module (backends/sim/demo_profile.py) ----
+from backends.sim.demo_profile import DEMO_FIELDS  # noqa: E402
+
+PROFILES[DEMO_FIELDS["name"]] = Profile(**DEMO_FIELDS)

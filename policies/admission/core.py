@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
@@ -59,6 +60,10 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         self._seq = itertools.count()
         self.share = 1.0
         self.split_concurrency = False
+        self._idle_floor = -math.inf
+        """At most the ``last_active`` of every idle, unqueued seat since the last scan in ``tick`` (seats
+        only become idle with ``last_active = now``, except where this is reset), so a tick can tell
+        that no seat has been idle past its ``_idle_release_s`` without looking at each one."""
 
     # ----- configuration -------------------------------------------------------------------------
 
@@ -168,6 +173,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         waiter = self.waiting.pop(rid, None)
         if waiter is not None:
             self.team(waiter.req.team, now).waiting -= 1
+            self._idle_floor = -math.inf
         return self._schedule(now)
 
     def requeue(self, rid: str, now: float) -> list[Decision]:
@@ -200,6 +206,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         run = self.running.pop(rid, None)
         if run is None:
             return None
+        self._idle_floor = -math.inf  # its seat may be idle again without a new last_active
         team = self.team(run.waiter.req.team, now)
         team.inflight -= 1
         team.charge(-run.charged)
@@ -219,10 +226,20 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                 decisions.append(Refuse(w.req.rid, "queue_timeout",
                                         f"waited {now - w.arrived:.0f} s in team '{w.req.team}' queue "
                                         f"(limit {team.limits.queue_timeout_s:g} s)", team.retry_after(team.waiting)))
-        queued = {w.key for w in self.waiting.values()}
-        for seat in list(self.seats.values()):
-            if seat.busy == 0 and seat.key not in queued and now - seat.last_active > self._idle_release_s(seat):
-                self._release(seat)
+        if decisions:
+            self._idle_floor = -math.inf  # refused waiters' seats are idle now, with an older last_active
+        # No seat's threshold is below min(idle_release_s, full_idle_release_s): skip the scan while
+        # even the longest-idle seat is under it (exact: the same seats are released as by a full scan).
+        if now - self._idle_floor > min(self.params.idle_release_s, self.params.full_idle_release_s):
+            queued = {w.key for w in self.waiting.values()}
+            floor = now
+            for seat in list(self.seats.values()):
+                if seat.busy == 0 and seat.key not in queued:
+                    if now - seat.last_active > self._idle_release_s(seat):
+                        self._release(seat)
+                    elif seat.last_active < floor:
+                        floor = seat.last_active
+            self._idle_floor = floor
         return decisions + self._schedule(now)
 
     # ----- state queries (admin API, metrics, tests) --------------------------------------------

@@ -57,12 +57,14 @@ class FairOrder(SeatSizing):
         best: tuple[int, list[Seat]] | None = None
         queued = {other.key for other in self.waiting.values()}
         slots = [(s, c) for s, c in self._slots(w.req.model, w.req.exclude) if slot is None or s == slot]
+        idle: dict[Slot, list[Seat]] = {}  # one pass over the seats, each slot's in seat order
+        for seat in self.seats.values():
+            if not seat.busy and seat.key != w.key and seat.key not in queued:
+                idle.setdefault(seat.slot, []).append(seat)
         for candidate, cap in slots:
             need = w.need if extra is None else extra
             victims = []
-            for seat in self.seats.values():
-                if seat.slot != candidate or seat.busy or seat.key == w.key or seat.key in queued:
-                    continue
+            for seat in idle.get(candidate, ()):
                 held = now - seat.since
                 owner = self.teams[seat.team]
                 favoured = extra is not None or owner.vtc > team.vtc or self._band(w) > owner.limits.priority
