@@ -36,6 +36,7 @@ class Backend:
     failures: int = 0
     last_error: str = ""
     max_total_num_tokens: int = 0
+    context_tokens: int = 0
     reported_dp_size: int | None = None
     running: int = 0
     waiting: int = 0
@@ -55,6 +56,10 @@ class Backend:
 
     @property
     def breaker_state(self) -> int:
+        """The breaker's state, or open while failed health checks keep the backend out of rotation
+        (every way out of rotation shows here)."""
+        if not self.health_ok:
+            return STATE_CODE["open"]
         return STATE_CODE[self.breaker.state(time.monotonic())]
 
     @property
@@ -71,7 +76,7 @@ class Backend:
 
     def view(self) -> BackendView:
         return BackendView(self.name, self.healthy, self.max_total_num_tokens, self.dp_size,
-                           self.running, self.waiting, self.token_usage)
+                           self.running, self.waiting, self.token_usage, context_tokens=self.context_tokens)
 
 
 Listener = Callable[[str, list[BackendView]], None]
@@ -156,6 +161,9 @@ class BackendPool:
             backend.max_total_num_tokens = int(info.get("max_total_num_tokens") or 0)
             dp = info.get("dp_size")
             backend.reported_dp_size = int(dp) if dp else None
+            context = info.get("context_length")
+            if isinstance(context, int) and context > 0 and not backend.context_tokens:
+                backend.context_tokens = context
             if backend.reported_dp_size and backend.dp_size not in (1, backend.reported_dp_size):
                 log.warning("backend %s: configured dp_size=%d but the server reports dp_size=%d",
                             backend.name, backend.dp_size, backend.reported_dp_size)
@@ -165,7 +173,12 @@ class BackendPool:
         if check_models:
             try:
                 data = (await self._get(backend, "/v1/models")).json()
-                backend.served_models = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+                cards = [m for m in data.get("data", []) if isinstance(m, dict)]
+                backend.served_models = [m.get("id") for m in cards]
+                for card in cards:  # the model's context window: requests past it are refused at once
+                    window = card.get("max_model_len")
+                    if card.get("id") == backend.upstream_model and isinstance(window, int) and window > 0:
+                        backend.context_tokens = window
                 if backend.upstream_model not in backend.served_models:
                     log.warning("backend %s serves %s, not the configured upstream model %r (model %r)",
                                 backend.name, backend.served_models, backend.upstream_model, backend.model)

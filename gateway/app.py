@@ -25,7 +25,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from backends.pool import BackendPool
-from gateway import admin
+from gateway import admin, exposure
 from gateway.admin import describe_limits
 from gateway.auth import KeyStore
 from gateway.config import Config, TeamConfig
@@ -288,7 +288,7 @@ class CompletionsEndpoint:
             gw.dispatcher.release(rid, Outcome(ok=ok, prompt_tokens=result.prompt_tokens,
                                                completion_tokens=result.completion_tokens,
                                                cached_tokens=result.cached_tokens,
-                                               reached_backend=status != 0))
+                                               reached_backend=status != 0, refused=400 <= status < 500))
             self._observe(team, alias, backend_name, status, arrived, req, result)
 
     async def _proxy(self, rid: str, req: ParsedRequest, decision: Dispatch, result: Result,
@@ -402,9 +402,11 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
     gw = Gateway(config, metrics, admin_token)
 
     async def models(request: Request) -> Response:
+        exposure.guard(gw, request)
         return JSONResponse({"object": "list", "data": [_model_card(a, gw.started_at) for a in config.models]})
 
     async def model(request: Request) -> Response:
+        exposure.guard(gw, request)
         name = request.path_params["model"]
         if name not in config.models:
             raise GatewayError(404, f"The model '{name}' does not exist.", "model_not_found", "model")
@@ -417,10 +419,13 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
         backends = {b.name: {"healthy": b.healthy, "model": b.model, "error": b.last_error or None}
                     for b in (gw.pool.all() if gw.pool else [])}
         ready = gw.pool is not None and gw.pool.any_healthy()
+        if not exposure.may_see(gw, request):
+            return JSONResponse({"status": "ready" if ready else "not ready"}, status_code=200 if ready else 503)
         return JSONResponse({"status": "ready" if ready else "not ready", "backends": backends,
                              "state": gw.state.status()}, status_code=200 if ready else 503)
 
     async def metrics_endpoint(request: Request) -> Response:
+        exposure.guard(gw, request, metrics=True)
         body, content_type = gw.metrics.exposition(request.headers.get("accept", ""))
         return Response(body, media_type=content_type)
 
@@ -446,9 +451,12 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await gw.start()
+        metrics_server = exposure.MetricsServer(gw)
+        await metrics_server.start()
         try:
             yield
         finally:
+            await metrics_server.stop()
             await gw.stop()
 
     routes = [

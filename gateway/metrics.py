@@ -33,7 +33,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from prometheus_client.exposition import choose_encoder
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-REFUSAL_REASONS = ("team_queue_full", "queue_timeout", "team_token_rate", "no_healthy_backend")
+REFUSAL_REASONS = ("team_queue_full", "queue_timeout", "team_token_rate", "no_healthy_backend",
+                   "context_length_exceeded", "team_request_tokens")
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "status_5xx", "stream_broken")
 
 TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)

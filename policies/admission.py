@@ -33,8 +33,10 @@ Order of the waiting room
 -------------------------
 Turns of seated conversations go first (they take no new capacity), then new seats: priority band
 (higher first), then the team's virtual token counter (lowest first: ``policies/teams.py``), then
-arrival. A new-seat request that does not fit blocks new seats behind it for that model (no
-backfill, so large conversations are not starved by small ones). Team caps (``max_concurrency``)
+arrival. A new-seat request that does not fit keeps the slot where it is shortest of room: new
+seats behind it may go only to the model's other slots (backfill that cannot delay it, so large
+conversations are not starved by small ones; with one slot, nothing passes it). A request that can
+never fit is refused on arrival (``policies/request_limits.py``). Team caps (``max_concurrency``)
 skip a team without blocking others.
 
 Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900,
@@ -51,6 +53,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from policies.request_limits import can_hold, head_slot, never_runs
 from policies.routing import Router
 from policies.teams import UNLIMITED, TeamLimits, TeamState
 from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts
@@ -213,6 +216,9 @@ class SeatedAdmission:
         team = self.team(req.team, now)
         if not self._healthy(req.model, req.exclude):
             return [Refuse(req.rid, "no_healthy_backend", f"no healthy backend for model '{req.model}'", 5.0, 503)]
+        never = never_runs(req, self.models[req.model].views.values(), self.params.high_water, team.limits)
+        if never is not None:  # it would block the seat queue until its timeout: refuse it now
+            return [never]
         queue_cap = team.limits.max_queue if self.share >= 1.0 else math.ceil(team.limits.max_queue * self.share)
         if team.waiting >= queue_cap:
             return [Refuse(req.rid, "team_queue_full",
@@ -255,7 +261,7 @@ class SeatedAdmission:
             seat.last_active = now
             if outcome.prompt_tokens and outcome.completion_tokens:
                 seat.tokens = self._reserve(seat, outcome.prompt_tokens + outcome.completion_tokens)
-            if seat.one_shot or (not outcome.reached_backend and seat.busy == 0):
+            if seat.one_shot or ((not outcome.reached_backend or outcome.refused) and seat.busy == 0):
                 self._release(seat)
         self.router.finished(rid, run.slot[0], outcome, now)
         return self._schedule(now)
@@ -404,9 +410,15 @@ class SeatedAdmission:
         # A conversation larger than the whole budget still gets an empty backend to itself.
         return used + min(need, budget) <= budget
 
-    def _place(self, w: Waiter, now: float) -> Placement | None:
-        """A slot with room for a new seat, chosen by the router among those that fit."""
-        fitting = {slot for slot, cap in self._slots(w.req.model, w.req.exclude) if self._fits(w.need, slot, cap)}
+    def _head_slot(self, w: Waiter) -> Slot | None:
+        return head_slot(self._slots(w.req.model, w.req.exclude), w.need, lambda s: self.reserved.get(s, 0),
+                         self._budget)
+
+    def _place(self, w: Waiter, now: float, avoid: Slot | None = None) -> Placement | None:
+        """A slot with room for a new seat (not ``avoid``: a blocked head's), chosen by the router."""
+        fitting = {slot for slot, cap in self._slots(w.req.model, w.req.exclude)
+                   if slot != avoid and self._fits(w.need, slot, cap)
+                   and can_hold(w.req.prompt_tokens, cap, self.params.high_water)}
         if not fitting:
             return None
         entry = self.models[w.req.model]
@@ -493,20 +505,28 @@ class SeatedAdmission:
             if matched is not None:  # for traces: how much of this turn the backend should hold
                 scores["matched_tokens"] = float(matched(w.req, *seat.slot))
             decisions.append(self._dispatch(w, seat.slot, now, "prefix", scores))
-        # 2. New seats, in fair order; a head that does not fit blocks its model (no backfill).
-        blocked: dict[str, Waiter] = {}
+        # 2. New seats, in fair order; a head that does not fit keeps the slot it waits for, and
+        # others backfill the model's other slots (policies/request_limits.py).
+        held: dict[str, Slot | None] = {}  # model -> the blocked head's slot
+        tried: set[str] = set()
+        smallest_failed: dict[str, int] = {}
         while True:
             candidates = [w for w in self.waiting.values()
-                          if w.req.model not in blocked
+                          if w.req.rid not in tried and w.need < smallest_failed.get(w.req.model, 1 << 62)
                           and self._may_dispatch(self.teams[w.req.team], now)]
             if not candidates:
                 break
             w = min(candidates, key=self._rank)
-            place = self._place(w, now)
-            if place is None and self._make_room(w, now):
+            tried.add(w.req.rid)
+            head = w.req.model not in held
+            place = self._place(w, now, avoid=held.get(w.req.model))
+            if place is None and head and self._make_room(w, now):
                 place = self._place(w, now)
             if place is None:
-                blocked[w.req.model] = w
+                if head:
+                    held[w.req.model] = self._head_slot(w)
+                else:
+                    smallest_failed[w.req.model] = min(w.need, smallest_failed.get(w.req.model, 1 << 62))
                 continue
             self._take(w)
             decisions.append(self._dispatch(w, place.slot, now, place.reason, place.scores))

@@ -43,6 +43,8 @@ class BackendView:
     running: int = 0
     waiting: int = 0
     token_usage: float = 0.0
+    context_tokens: int = 0
+    """The model's context window (``max_model_len``; 0: unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,8 @@ class Dispatch:
     scores: dict[str, float] = field(default_factory=dict)
 
 
-RefusalCode = Literal["team_queue_full", "queue_timeout", "team_token_rate", "no_healthy_backend"]
+RefusalCode = Literal["team_queue_full", "queue_timeout", "team_token_rate", "no_healthy_backend",
+                      "context_length_exceeded", "team_request_tokens"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +82,5 @@ class Outcome:
     cached_tokens: int = 0
     reached_backend: bool = True
     """False when the connection failed before any byte was sent (safe to retry elsewhere)."""
+    refused: bool = False
+    """The engine refused the request (a 4xx answer): it holds nothing there, its seat goes at once."""
