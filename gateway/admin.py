@@ -37,7 +37,7 @@ def routes(gw: Gateway) -> list[Route]:
     async def get_team(request: Request) -> Response:
         _authorize(gw, request)
         name = request.path_params["team"]
-        return JSONResponse(gw.team_view(name))
+        return JSONResponse(_holding_team(gw, gw.team_view(name)))
 
     async def put_team(request: Request) -> Response:
         _authorize(gw, request)
@@ -68,13 +68,43 @@ def routes(gw: Gateway) -> list[Route]:
 
     async def state(request: Request) -> Response:
         _authorize(gw, request)
-        return JSONResponse(gw.state_view())
+        return JSONResponse(_holding(gw, gw.state_view()))
 
     return [
         Route("/admin/teams/{team}", get_team, methods=["GET"]),
         Route("/admin/teams/{team}", put_team, methods=["PUT"]),
         Route("/admin/state", state, methods=["GET"]),
     ]
+
+
+def _pending_leases(gw: Gateway) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for team in getattr(gw.dispatcher, "leasing", {}).values():
+        counts[team] = counts.get(team, 0) + 1
+    return counts
+
+
+def _holding(gw: Gateway, view: dict[str, Any]) -> dict[str, Any]:
+    """In flight = holding a slot: requests the core dispatched that still wait for their Redis lease
+    are shown as ``waiting_for_lease``, not in flight."""
+    pending = _pending_leases(gw)
+    core = view.get("core") or {}
+    teams = core.get("teams") or {}
+    for team, n in pending.items():
+        if team in teams:
+            teams[team]["inflight"] = max(0, teams[team]["inflight"] - n)
+            teams[team]["waiting_for_lease"] = n
+    if "running" in core:
+        core["running"] = max(0, core["running"] - sum(pending.values()))
+    core["waiting_for_lease"] = sum(pending.values())
+    return view
+
+
+def _holding_team(gw: Gateway, view: dict[str, Any]) -> dict[str, Any]:
+    n = _pending_leases(gw).get(view["team"], 0)
+    view["inflight"] = max(0, view["inflight"] - n)
+    view["waiting_for_lease"] = n
+    return view
 
 
 def describe_limits(limits: Any) -> dict[str, Any]:

@@ -1,0 +1,318 @@
+"""Reliability runs against real processes: faults under load, a soak, and many slow connections.
+
+``cachegate chaos`` (gateway/cli.py) runs one of three modes on a private stack
+(``loadtest/chaos_stack.py``: a private ``redis-server``, tiny twins behind fault proxies that count
+in-flight requests per team at the twins' door, gateway replicas as ``python -m gateway.cli serve``):
+
+- ``faults``: steady load from two teams (limit ``--limit`` each, more workers than the limit, random
+  client disconnects) while faults are injected in rounds: backend kill, hang (SIGSTOP) and 5xx
+  bursts; Redis stop, restart and flush; replica SIGKILL; slow clients; oversized and deeply nested
+  bodies. Per fault kind: injections, requests sent, errors by kind, peak in flight per team at the
+  twins against the limit, time to detect and recover; at the end, slots (replicas' in flight and
+  waiting) and Redis leases left.
+- ``soak``: one replica, a constant modest rate, no faults: RSS, open fds and errors every interval.
+- ``slow``: N connections that send headers slowly or nothing, held for a while, with normal requests
+  meanwhile (p99 against an unloaded run first), then fds until they return to baseline.
+Figures and commands: docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from loadtest.chaos_faults import FAULTS, Fault, Probe
+from loadtest.chaos_stack import TEAMS, Stack, proc_stats
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+
+
+class Load:
+    """Closed-loop clients per team (``workers`` each), or open-loop at ``rate`` requests/s overall."""
+
+    def __init__(self, stack: Stack, workers: int = 8, disconnect_p: float = 0.0, rate: float | None = None,
+                 seed: int = 1) -> None:
+        self.stack = stack
+        self.workers = workers
+        self.disconnect_p = disconnect_p
+        self.rate = rate
+        self.rng = random.Random(seed)
+        self.tally = Tally()
+        self.disconnects = 0
+        self.stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(60, connect=5),
+                                        limits=httpx.Limits(max_connections=400, max_keepalive_connections=100))
+        self._n = 0
+
+    def start(self) -> None:
+        if self.rate:
+            self._tasks.append(asyncio.create_task(self._open_loop()))
+        else:
+            self._tasks += [asyncio.create_task(self._worker(team)) for team in TEAMS for _ in range(self.workers)]
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.client.aclose()
+
+    async def _worker(self, team: str) -> None:
+        while not self.stopping:
+            await self.one(team)
+
+    async def _open_loop(self) -> None:
+        pending: set[asyncio.Task[None]] = set()
+        assert self.rate
+        while not self.stopping:
+            team = self.rng.choice(list(TEAMS))
+            task = asyncio.create_task(self.one(team))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            await asyncio.sleep(self.rng.expovariate(self.rate))
+
+    def body(self, team: str) -> dict[str, Any]:
+        self._n += 1
+        conv = self.rng.randrange(40)
+        text = f"conversation {conv} " + "lorem ipsum dolor sit amet " * self.rng.randrange(20, 200)
+        return {"model": "m", "messages": [{"role": "user", "content": text}], "user": team,
+                "max_tokens": self.rng.randrange(8, 48), "stream": self.rng.random() < 0.5}
+
+    async def one(self, team: str) -> None:
+        urls = self.stack.urls
+        url = urls[self._n % len(urls)]
+        body = self.body(team)
+        leave = self.rng.random() < self.disconnect_p
+        self.tally.sent += 1
+        started = time.monotonic()
+        kind = "ok"
+        try:
+            coro = self._send(url, team, body)
+            if leave:
+                try:
+                    await asyncio.wait_for(coro, self.rng.uniform(0.0, 0.6))
+                except TimeoutError:
+                    self.disconnects += 1
+                    kind = "client_left"
+            else:
+                kind = await coro
+        except httpx.HTTPError as exc:
+            kind = f"transport:{type(exc).__name__}"
+            await asyncio.sleep(0.2)  # a dead replica: do not spin
+        if kind == "ok":
+            self.tally.latencies.append(time.monotonic() - started)
+        elif kind != "client_left":
+            self.tally.errors[kind] += 1
+
+    async def _send(self, url: str, team: str, body: dict[str, Any]) -> str:
+        headers = {"authorization": f"Bearer {TEAMS[team]}"}
+        async with self.client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
+            raw = await r.aread()
+        if r.status_code == 200:
+            if body["stream"] and (b'"error"' in raw and b"data: [DONE]" in raw):
+                return "stream_error_event"
+            return "ok"
+        code = ""
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            code = r.json()["error"]["code"] or ""
+        return f"{r.status_code}:{code}"
+
+
+def _p(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run_faults(total: int, replicas: int = 2, limit: int = 4, seed: int = 1, redis_restarts: int = 10,
+                     out: Any = print) -> dict[str, Any]:
+    """Inject about ``total`` faults of every kind across ``replicas`` replicas on Redis; print the table."""
+    stack = Stack(twins=2, replicas=replicas, limit=limit)
+    rng = random.Random(seed)
+    await stack.start()
+    load = Load(stack, workers=2 * limit, disconnect_p=0.15, seed=seed)
+    probe = Probe(stack)
+    rows: dict[str, dict[str, Any]] = {}
+    try:
+        load.start()
+        await asyncio.sleep(3)
+        plan = _plan(total, redis_restarts)
+        order = [k for k, n in plan.items() for _ in range(n)]
+        rng.shuffle(order)
+        # Cheap faults come many at a time; each injection counts once.
+        for kind in order:
+            fault: Fault = FAULTS[kind]
+            row = rows.setdefault(kind, {"n": 0, "sent": 0, "errors": Counter(), "peak": Counter(),
+                                         "detect": [], "recover": []})
+            sent0, errors0 = load.tally.sent, Counter(load.tally.errors)
+            stack.meter.reset_peaks()
+            result = await fault(stack, probe, rng)
+            row["n"] += 1
+            row["sent"] += load.tally.sent - sent0
+            row["errors"].update(load.tally.errors - errors0)
+            row["errors"].update(result.get("errors", Counter()))
+            for team, peak in stack.meter.peak.items():
+                row["peak"][team] = max(row["peak"][team], peak)
+            for key in ("detect", "recover"):
+                if result.get(key) is not None:
+                    row[key].append(result[key])
+        rows["client_disconnect"] = {"n": load.disconnects, "sent": 0, "errors": Counter(), "peak": Counter(),
+                                     "detect": [], "recover": []}
+    finally:
+        await load.stop()
+        end = await probe.settle(stack.lease_ttl_s + 3)
+        await probe.close()
+        await stack.close()
+    faults = sum(r["n"] for r in rows.values())
+    _print_table(rows, limit, out)
+    out(f"faults injected: {faults}; requests sent: {load.tally.sent}; "
+        f"ok: {len(load.tally.latencies)}; errors: {sum(load.tally.errors.values())}")
+    out(f"left at the end: slots in flight {end['inflight']}, waiting {end['waiting']}, "
+        f"Redis leases {end['leases']}, at the twins {end['at_twins']}")
+    peak = max((max(r["peak"].values(), default=0) for r in rows.values()), default=0)
+    out(f"peak in flight per team at the twins: {peak} (limit {limit}) -> "
+        f"{'PASS' if peak <= limit else 'FAIL'}; leaks: "
+        f"{'PASS' if end['inflight'] == end['waiting'] == end['leases'] == 0 else 'FAIL'}")
+    return {"rows": rows, "end": end, "faults": faults, "peak": peak}
+
+
+def _plan(total: int, redis_restarts: int) -> dict[str, int]:
+    heavy = {"backend_kill": 4, "backend_hang": 4, "backend_5xx": 8, "redis_stop": 3, "redis_restart": redis_restarts,
+             "redis_flush": 3, "replica_kill": 3, "slow_clients": 6}
+    rest = max(0, total - sum(heavy.values()) - 150)  # about 150 client disconnects come from the load
+    heavy["oversized_body"] = rest // 2
+    heavy["nested_body"] = rest - rest // 2
+    return heavy
+
+
+def _print_table(rows: dict[str, dict[str, Any]], limit: int, out: Any) -> None:
+    out(f"{'fault':<18} {'n':>5} {'sent':>6} {'peak a/b (lim)':>15} {'detect s':>9} {'recover s':>9}  errors")
+    for kind, r in rows.items():
+        peak = f"{r['peak'].get('a', 0)}/{r['peak'].get('b', 0)} ({limit})"
+        det = f"{max(r['detect']):.2f}" if r["detect"] else "-"
+        rec = f"{max(r['recover']):.2f}" if r["recover"] else "-"
+        errs = ", ".join(f"{k} {v}" for k, v in r["errors"].most_common(6)) or "-"
+        out(f"{kind:<18} {r['n']:>5} {r['sent']:>6} {peak:>15} {det:>9} {rec:>9}  {errs}")
+
+
+async def run_soak(minutes: float, rate: float, interval_s: float = 30.0, warmup_minutes: float = 3.0,
+                   out: Any = print) -> dict[str, Any]:
+    """One replica on Redis, open-loop load at ``rate`` req/s, no faults: RSS, fds and errors over time."""
+    stack = Stack(twins=1, replicas=1, limit=16)
+    await stack.start()
+    load = Load(stack, rate=rate)
+    samples: list[tuple[float, float, int, int, int]] = []
+    started = time.monotonic()
+    try:
+        load.start()
+        out(f"{'min':>6} {'rss MB':>8} {'fds':>5} {'sent':>7} {'errors':>7}  p50 s")
+        while time.monotonic() - started < minutes * 60:
+            await asyncio.sleep(interval_s)
+            rss, fds = proc_stats(stack.pids()[0])
+            t = (time.monotonic() - started) / 60
+            errors = sum(load.tally.errors.values())
+            samples.append((t, rss, fds, load.tally.sent, errors))
+            p50 = _p(load.tally.latencies[-500:], .5)
+            out(f"{t:6.1f} {rss:8.1f} {fds:5d} {load.tally.sent:7d} {errors:7d}  {p50:.3f}")
+    finally:
+        await load.stop()
+        await stack.close()
+    after = [s for s in samples if s[0] >= warmup_minutes] or samples
+    growth = (after[-1][1] - after[0][1]) / after[0][1] * 100 if after else float("nan")
+    fds = [s[2] for s in after]
+    out(f"RSS after warm-up {after[0][1]:.1f} -> {after[-1][1]:.1f} MB ({growth:+.1f}%), fds {min(fds)}-{max(fds)}, "
+        f"requests {load.tally.sent}, errors {dict(load.tally.errors)}")
+    return {"growth_pct": growth, "fds": (min(fds), max(fds)), "errors": sum(load.tally.errors.values()),
+            "sent": load.tally.sent}
+
+
+async def run_slow(connections: int, hold_s: float, rate: float = 8.0, out: Any = print) -> dict[str, Any]:
+    """``connections`` slow or idle connections held ``hold_s`` (reopened when the gateway closes them),
+    normal requests at ``rate``/s meanwhile; p99 against an unloaded run, then fds back to baseline."""
+    stack = Stack(twins=1, replicas=1, limit=64, redis=False)
+    await stack.start()
+    pid = stack.pids()[0]
+    host, port = "127.0.0.1", stack.replica_procs[0].port
+    result: dict[str, Any] = {}
+    try:
+        _, base_fds = proc_stats(pid)
+        unloaded = await _timed_load(stack, rate, 20)
+        stop = asyncio.Event()
+        closed: list[float] = []
+        attackers = [asyncio.create_task(_slow_conn(host, port, i, stop, closed)) for i in range(connections)]
+        await asyncio.sleep(2)
+        _, peak_fds = proc_stats(pid)
+        loaded = await _timed_load(stack, rate, min(hold_s, 60))
+        await asyncio.sleep(max(0.0, hold_s - 62))
+        _, held_fds = proc_stats(pid)
+        stop.set()
+        t0 = time.monotonic()
+        await asyncio.gather(*attackers, return_exceptions=True)
+        back = None
+        while time.monotonic() - t0 < 30:
+            _, fds = proc_stats(pid)
+            if fds <= base_fds + 5:
+                back = time.monotonic() - t0
+                break
+            await asyncio.sleep(0.25)
+        result = {"unloaded_p99": _p(unloaded.latencies, .99), "loaded_p99": _p(loaded.latencies, .99),
+                  "errors": dict(loaded.errors), "base_fds": base_fds, "peak_fds": peak_fds, "held_fds": held_fds,
+                  "fds_back_s": back, "closed_by_gateway": len(closed)}
+        out(f"{connections} slow connections held {hold_s:g} s: p99 unloaded {result['unloaded_p99']:.3f} s, "
+            f"loaded {result['loaded_p99']:.3f} s ({result['loaded_p99'] / result['unloaded_p99']:.2f}x), errors "
+            f"{result['errors']}; fds baseline {base_fds}, with them {peak_fds}, at the end {held_fds}; "
+            f"closed by the gateway {len(closed)} times; fds back to baseline "
+            f"{f'after {back:.1f} s' if back is not None else 'NOT within 30 s'}")
+    finally:
+        await stack.close()
+    return result
+
+
+async def _timed_load(stack: Stack, rate: float, seconds: float) -> Tally:
+    load = Load(stack, rate=rate, seed=7)
+    load.start()
+    await asyncio.sleep(seconds)
+    await load.stop()
+    return load.tally
+
+
+async def _slow_conn(host: str, port: int, i: int, stop: asyncio.Event, closed: list[float]) -> None:
+    """One attacker: connect, then dribble a header a byte at a time (odd i) or send nothing (even i)."""
+    await asyncio.sleep(i * 0.002)
+    while not stop.is_set():
+        writer = None
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            if i % 2:
+                writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            t0 = time.monotonic()
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    if not await asyncio.wait_for(reader.read(1024), 1.0):
+                        break
+                    break  # the gateway answered (408) and will close
+                if i % 2:
+                    writer.write(b"x")
+                    await writer.drain()
+            if not stop.is_set():
+                closed.append(time.monotonic() - t0)
+        except (OSError, ConnectionError):
+            await asyncio.sleep(0.5)
+        finally:
+            if writer is not None:
+                writer.close()
+

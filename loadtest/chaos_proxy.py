@@ -1,0 +1,141 @@
+"""A fault-injecting HTTP/1.1 proxy in front of one twin, which also measures in-flight work per team.
+
+It sits at the twin's door: the gateway's backend URL is the proxy's. Each POST it forwards counts
+as in flight for the team named in the body's ``user`` field (the chaos load puts its team there;
+the gateway passes it through untouched) from the moment it is sent to the twin until its response
+has been relayed whole or either side closed, so ``peak`` is the most requests of a team the backend
+ever had at once. Modes: ``ok`` (relay), ``5xx`` (answer POSTs 503 at once, as an engine in trouble),
+``hang`` (read every request, answer nothing until the mode changes: a hung engine, health checks
+included). Raw asyncio with minimal parsing (Content-Length bodies, chunked or sized responses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+
+_USER = re.compile(rb'"user"\s*:\s*"([^"]{1,64})"')
+
+
+class Meter:
+    """In-flight requests per team summed over every proxy (all the backends), and the peak."""
+
+    def __init__(self) -> None:
+        self.inflight: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.forwarded = 0
+
+    def begin(self, team: str) -> None:
+        self.inflight[team] = self.inflight.get(team, 0) + 1
+        self.peak[team] = max(self.peak.get(team, 0), self.inflight[team])
+        self.forwarded += 1
+
+    def end(self, team: str) -> None:
+        self.inflight[team] -= 1
+
+    def reset_peaks(self) -> None:
+        self.peak = dict(self.inflight)
+
+
+class FaultProxy:
+    def __init__(self, upstream_port: int, port: int, meter: Meter) -> None:
+        self.upstream_port = upstream_port
+        self.port = port
+        self.mode = "ok"
+        self.meter = meter
+        self.server: asyncio.Server | None = None
+        self._resume = asyncio.Event()
+        self._resume.set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def set_mode(self, mode: str) -> None:
+        self.mode = mode
+        if mode == "hang":
+            self._resume.clear()
+        else:
+            self._resume.set()
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._client, "127.0.0.1", self.port, limit=1 << 20, backlog=1024)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self._resume.set()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = _header_int(head, b"content-length")
+                body = await reader.readexactly(length) if length else b""
+                if self.mode == "hang":
+                    await self._resume.wait()
+                if self.mode == "5xx" and head.startswith(b"POST"):
+                    payload = b'{"object":"error","message":"injected 5xx","type":"InternalServerError","code":503}'
+                    writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+                    await writer.drain()
+                    continue
+                if upstream is None:
+                    upstream = await asyncio.open_connection("127.0.0.1", self.upstream_port, limit=1 << 20)
+                team = _team(body) if head.startswith(b"POST") else None
+                if team is not None:
+                    self.meter.begin(team)
+                try:
+                    upstream[1].write(head + body)
+                    await upstream[1].drain()
+                    keep = await _relay_response(upstream[0], writer)
+                finally:
+                    if team is not None:
+                        self.meter.end(team)
+                if not keep:
+                    return
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, OSError,
+                asyncio.CancelledError):  # CancelledError: the run is over
+            return
+        finally:
+            for w in (writer, upstream[1] if upstream else None):
+                if w is not None:
+                    with contextlib.suppress(Exception):
+                        w.close()
+
+
+def _team(body: bytes) -> str:
+    match = _USER.search(body[:4096]) or _USER.search(body[-4096:])
+    return match.group(1).decode(errors="replace") if match else "?"
+
+
+def _header_int(head: bytes, name: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name:
+            return int(value.strip() or 0)
+    return 0
+
+
+async def _relay_response(up: asyncio.StreamReader, down: asyncio.StreamWriter) -> bool:
+    """Relay one response; False when the connection must close after it."""
+    head = await up.readuntil(b"\r\n\r\n")
+    down.write(head)
+    lower = head.lower()
+    if b"transfer-encoding: chunked" in lower:
+        while True:
+            line = await up.readuntil(b"\r\n")
+            size = int(line.split(b";")[0].strip() or b"0", 16)
+            data = await up.readexactly(size + 2)
+            down.write(line + data)
+            await down.drain()
+            if size == 0:
+                break
+    else:
+        length = _header_int(head, b"content-length")
+        if length:
+            down.write(await up.readexactly(length))
+    await down.drain()
+    return b"connection: close" not in lower
