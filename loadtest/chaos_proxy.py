@@ -47,6 +47,7 @@ class FaultProxy:
         self.server: asyncio.Server | None = None
         self._resume = asyncio.Event()
         self._resume.set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def url(self) -> str:
@@ -66,8 +67,20 @@ class FaultProxy:
         if self.server is not None:
             self.server.close()
             self._resume.set()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self._tasks.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         try:
             while True:
@@ -90,12 +103,12 @@ class FaultProxy:
                 try:
                     upstream[1].write(head + body)
                     await upstream[1].drain()
-                    keep = await _relay_response(upstream[0], writer)
+                    keep = await _relay_or_leave(upstream[0], reader, writer)
                 finally:
                     if team is not None:
                         self.meter.end(team)
                 if not keep:
-                    return
+                    return  # closes the twin's connection too: the twin aborts the request
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, OSError,
                 asyncio.CancelledError):  # CancelledError: the run is over
             return
@@ -117,6 +130,24 @@ def _header_int(head: bytes, name: bytes) -> int:
         if key.strip().lower() == name:
             return int(value.strip() or 0)
     return 0
+
+
+async def _relay_or_leave(up: asyncio.StreamReader, client: asyncio.StreamReader,
+                          down: asyncio.StreamWriter) -> bool:
+    """Relay one response unless the client (the gateway) closes first: then False (close both).
+    The gateway never pipelines, so nothing but EOF arrives from it meanwhile."""
+    relay = asyncio.create_task(_relay_response(up, down))
+    gone = asyncio.create_task(client.read(1))
+    try:
+        done, _ = await asyncio.wait({relay, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (relay, gone):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(relay, gone, return_exceptions=True)
+    if relay in done and not relay.cancelled() and relay.exception() is None:
+        return relay.result()
+    return False
 
 
 async def _relay_response(up: asyncio.StreamReader, down: asyncio.StreamWriter) -> bool:

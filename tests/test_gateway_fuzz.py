@@ -126,6 +126,7 @@ def _check(method: str, path: str, response: httpx.Response) -> None:
     assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
 
 
+@pytest.mark.timeout(120 + CASES // 10)
 @settings(max_examples=CASES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
 @given(targets, raw_bodies(), headers)
