@@ -18,7 +18,7 @@ app.command("demo")(demo)
 
 @app.command("chaos")
 def chaos(
-    mode: str = typer.Argument("faults", help="faults | soak | slow"),
+    mode: str = typer.Argument("faults", help="faults | soak | slow | hol"),
     faults: int = typer.Option(1000, "--faults", help="faults: how many to inject (all kinds)."),
     replicas: int = typer.Option(2, "--replicas", help="faults: gateway replicas sharing a private Redis."),
     limit: int = typer.Option(4, "--limit", help="faults: each team's max_concurrency."),
@@ -29,7 +29,8 @@ def chaos(
     hold: float = typer.Option(120.0, "--hold", help="slow: seconds the connections are held."),
     seed: int = typer.Option(1, "--seed"),
 ) -> None:
-    """Reliability runs on a private stack (twins, Redis, replicas): faults, soak, slow connections."""
+    """Reliability runs on a private stack (twins, Redis, replicas): faults, soak, slow connections,
+    hol (an oversized prompt retried in a loop against another team's requests). docs/reliability.md."""
     import asyncio
     import functools
 
@@ -43,8 +44,10 @@ def chaos(
         asyncio.run(runs.run_soak(minutes, rate, out=out))
     elif mode == "slow":
         asyncio.run(runs.run_slow(connections, hold, rate=rate, out=out))
+    elif mode == "hol":
+        asyncio.run(runs.run_hol(out=out))
     else:
-        raise typer.BadParameter("mode must be faults, soak or slow")
+        raise typer.BadParameter("mode must be faults, soak, slow or hol")
 
 
 @app.command("serve")

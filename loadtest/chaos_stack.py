@@ -72,6 +72,7 @@ class Stack:
     limit: int = 4
     lease_ttl_s: float = 5.0
     redis: bool = True
+    header_timeout_s: float = 5.0
     extra_config: str = ""
     redis_port: int = field(default_factory=free_port)
     redis_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="cg-chaos-"))
@@ -128,7 +129,8 @@ class Stack:
                 f"teams:\n{teams}\nlease_ttl_s: {self.lease_ttl_s}\nlog_level: warning\n"
                 "health: {interval_s: 0.5, timeout_s: 1.0, failures_to_eject: 2, load_interval_s: 1.0}\n"
                 "upstream: {idle_timeout_s: 10, connect_timeout_s: 1}\n"
-                "server: {header_timeout_s: 5, body_timeout_s: 20, body_idle_timeout_s: 5}\n" + self.extra_config)
+                f"server: {{header_timeout_s: {self.header_timeout_s}, body_timeout_s: 20, body_idle_timeout_s: 5}}\n"
+                + self.extra_config)
 
     def start_redis(self) -> None:
         assert self.redis_proc is not None
