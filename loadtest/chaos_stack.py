@@ -130,6 +130,9 @@ class Stack:
                 "health: {interval_s: 0.5, timeout_s: 1.0, failures_to_eject: 2, load_interval_s: 1.0}\n"
                 "upstream: {idle_timeout_s: 10, connect_timeout_s: 1}\n"
                 f"server: {{header_timeout_s: {self.header_timeout_s}, body_timeout_s: 20, body_idle_timeout_s: 5}}\n"
+                # Seat holds scaled like the twins' time (30 s and 20 s of engine time at 0.05): else the
+                # load's many short conversations fill the seats for 30 wall seconds.
+                f"admission: {{idle_release_s: {30 * self.time_scale:g}, min_hold_s: {20 * self.time_scale:g}}}\n"
                 + self.extra_config)
 
     def start_redis(self) -> None:
