@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -252,17 +253,18 @@ async def run_slow(connections: int, hold_s: float, rate: float = 8.0, out: Any 
     try:
         _, base_fds = proc_stats(pid)
         unloaded = await _timed_load(stack, rate, 20)
-        stop = asyncio.Event()
-        closed: list[float] = []
-        attackers = [asyncio.create_task(_slow_conn(host, port, i, stop, closed)) for i in range(connections)]
-        await asyncio.sleep(2)
+        # The attackers run in a process of their own, so that their work does not slow the client
+        # that measures the normal requests.
+        attack = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", f"import asyncio; from loadtest.chaos import attack; "
+            f"asyncio.run(attack({host!r}, {port}, {connections}, {hold_s}))", stdout=asyncio.subprocess.PIPE)
+        attack_started = time.monotonic()
+        await asyncio.sleep(5)
         _, peak_fds = proc_stats(pid)
-        loaded = await _timed_load(stack, rate, min(hold_s, 60))
-        await asyncio.sleep(max(0.0, hold_s - 62))
-        _, held_fds = proc_stats(pid)
-        stop.set()
-        t0 = time.monotonic()
-        await asyncio.gather(*attackers, return_exceptions=True)
+        loaded = await _timed_load(stack, rate, min(hold_s - 10, 100))
+        await asyncio.sleep(max(0.0, hold_s - (time.monotonic() - attack_started)))
+        _, held_fds = proc_stats(pid)  # the attack has stopped opening connections: the gateway closes the rest
+        t0 = attack_started + hold_s
         back = None
         while time.monotonic() - t0 < 30:
             _, fds = proc_stats(pid)
@@ -270,6 +272,8 @@ async def run_slow(connections: int, hold_s: float, rate: float = 8.0, out: Any 
                 back = time.monotonic() - t0
                 break
             await asyncio.sleep(0.25)
+        output, _ = await attack.communicate()
+        closed = [0.0] * int(output.decode().strip().splitlines()[-1] or 0)
         result = {"unloaded_p99": _p(unloaded.latencies, .99), "loaded_p99": _p(loaded.latencies, .99),
                   "errors": dict(loaded.errors), "base_fds": base_fds, "peak_fds": peak_fds, "held_fds": held_fds,
                   "fds_back_s": back, "closed_by_gateway": len(closed)}
@@ -291,32 +295,48 @@ async def _timed_load(stack: Stack, rate: float, seconds: float) -> Tally:
     return load.tally
 
 
-async def _slow_conn(host: str, port: int, i: int, stop: asyncio.Event, closed: list[float]) -> None:
-    """One attacker: connect, then dribble a header a byte at a time (odd i) or send nothing (even i)."""
-    await asyncio.sleep(i * 0.002)
-    while not stop.is_set():
-        writer = None
-        try:
-            reader, writer = await asyncio.open_connection(host, port)
-            if i % 2:
-                writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
-            t0 = time.monotonic()
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    if not await asyncio.wait_for(reader.read(1024), 1.0):
-                        break
-                    break  # the gateway answered (408) and will close
-                if i % 2:
-                    writer.write(b"x")
-                    await writer.drain()
-            if not stop.is_set():
-                closed.append(time.monotonic() - t0)
-        except (OSError, ConnectionError):
-            await asyncio.sleep(0.5)
-        finally:
-            if writer is not None:
-                writer.close()
+async def attack(host: str, port: int, connections: int, hold_s: float) -> None:
+    """``connections`` slow or idle connections for ``hold_s`` seconds, reopened whenever the gateway
+    closes one; then no new ones, and the open ones left for the gateway to close. Prints how often it
+    closed one (run in its own process by ``run_slow``). One task per connection waits for its close;
+    one loop dribbles a byte per second into the slow half (cheap: the attacker's CPU is not the point)."""
+    stop = asyncio.Event()
+    closed: list[float] = []
+    slow: set[asyncio.StreamWriter] = set()
 
+    async def dribble() -> None:
+        while not stop.is_set():
+            await asyncio.sleep(1.0)
+            for writer in list(slow):
+                with contextlib.suppress(Exception):
+                    writer.write(b"x")
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(i * 0.002)
+        while not stop.is_set():
+            writer = None
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+                if i % 2:
+                    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    slow.add(writer)
+                t0 = time.monotonic()
+                await reader.read()  # until the gateway closes it (after its 408)
+                closed.append(time.monotonic() - t0)
+            except (OSError, ConnectionError):
+                await asyncio.sleep(0.5)
+            finally:
+                if writer is not None:
+                    slow.discard(writer)
+                    writer.close()
+
+    tasks = [asyncio.create_task(one(i)) for i in range(connections)]
+    dribbler = asyncio.create_task(dribble())
+    await asyncio.sleep(hold_s)
+    stop.set()
+    await asyncio.wait(tasks, timeout=60)
+    dribbler.cancel()
+    print(len(closed), flush=True)
 
 
 async def run_hol(seconds: float = 30.0, out: Any = print) -> dict[str, Any]:
