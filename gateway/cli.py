@@ -28,6 +28,7 @@ def chaos(
     connections: int = typer.Option(2000, "--connections", help="slow: slow or idle connections."),
     hold: float = typer.Option(120.0, "--hold", help="slow: seconds the connections are held."),
     seed: int = typer.Option(1, "--seed"),
+    skip: list[str] = typer.Option([], "--skip", help="faults: a fault kind to leave out (repeatable)."),
 ) -> None:
     """Reliability runs on a private stack (twins, Redis, replicas): faults, soak, slow connections,
     hol (an oversized prompt retried in a loop against another team's requests). docs/reliability.md."""
@@ -39,7 +40,7 @@ def chaos(
     out = functools.partial(print, flush=True)
     if mode == "faults":
         asyncio.run(runs.run_faults(faults, replicas=replicas, limit=limit, seed=seed,
-                                    redis_restarts=redis_restarts, out=out))
+                                    redis_restarts=redis_restarts, skip=tuple(skip), out=out))
     elif mode == "soak":
         asyncio.run(runs.run_soak(minutes, rate, out=out))
     elif mode == "slow":

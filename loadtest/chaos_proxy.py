@@ -14,25 +14,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Callable
 
 _USER = re.compile(rb'"user"\s*:\s*"([^"]{1,64})"')
 
 
 class Meter:
-    """In-flight requests per team summed over every proxy (all the backends), and the peak."""
+    """In-flight requests per team summed over every proxy (all the backends), and the peak.
+
+    A request whose gateway connection has already closed (EOF received, not yet handled by this
+    loop) is not counted in a peak: under CPU starvation this process may notice the close later
+    than the gateway's next request arrives."""
 
     def __init__(self) -> None:
         self.inflight: dict[str, int] = {}
         self.peak: dict[str, int] = {}
         self.forwarded = 0
+        self._open: dict[str, dict[int, asyncio.StreamReader]] = {}
 
-    def begin(self, team: str) -> None:
+    def begin(self, team: str, client: asyncio.StreamReader) -> None:
         self.inflight[team] = self.inflight.get(team, 0) + 1
-        self.peak[team] = max(self.peak.get(team, 0), self.inflight[team])
+        live = self._open.setdefault(team, {})
+        live[id(client)] = client
+        self.peak[team] = max(self.peak.get(team, 0), sum(1 for r in live.values() if not r.at_eof()))
         self.forwarded += 1
 
-    def end(self, team: str) -> None:
-        self.inflight[team] -= 1
+    def end(self, team: str, client: asyncio.StreamReader) -> None:
+        """Once per request (later calls do nothing)."""
+        if self._open.get(team, {}).pop(id(client), None) is not None:
+            self.inflight[team] -= 1
 
     def reset_peaks(self) -> None:
         self.peak = dict(self.inflight)
@@ -99,14 +109,15 @@ class FaultProxy:
                     upstream = await asyncio.open_connection("127.0.0.1", self.upstream_port, limit=1 << 20)
                 team = _team(body) if head.startswith(b"POST") else None
                 if team is not None:
-                    self.meter.begin(team)
+                    self.meter.begin(team, reader)
                 try:
                     upstream[1].write(head + body)
                     await upstream[1].drain()
-                    keep = await _relay_or_leave(upstream[0], reader, writer)
+                    done = (lambda t=team: self.meter.end(t, reader)) if team is not None else (lambda: None)
+                    keep = await _relay_or_leave(upstream[0], reader, writer, done)
                 finally:
                     if team is not None:
-                        self.meter.end(team)
+                        self.meter.end(team, reader)
                 if not keep:
                     return  # closes the twin's connection too: the twin aborts the request
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, OSError,
@@ -133,11 +144,11 @@ def _header_int(head: bytes, name: bytes) -> int:
 
 
 async def _relay_or_leave(up: asyncio.StreamReader, client: asyncio.StreamReader,
-                          down: asyncio.StreamWriter) -> bool:
+                          down: asyncio.StreamWriter, done: Callable[[], None]) -> bool:
     """Relay one response unless the client (the gateway) closes first: then False (close both).
-    The gateway never pipelines, so nothing but EOF arrives from it meanwhile."""
-    relay = asyncio.create_task(_relay_response(up, down))
-    gone = asyncio.create_task(client.read(1))
+    EOF is watched without reading, so no byte of a next request is ever taken."""
+    relay = asyncio.create_task(_relay_response(up, down, done))
+    gone = asyncio.create_task(_until_eof(client))
     try:
         done, _ = await asyncio.wait({relay, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -150,8 +161,14 @@ async def _relay_or_leave(up: asyncio.StreamReader, client: asyncio.StreamReader
     return False
 
 
-async def _relay_response(up: asyncio.StreamReader, down: asyncio.StreamWriter) -> bool:
-    """Relay one response; False when the connection must close after it."""
+async def _until_eof(reader: asyncio.StreamReader) -> None:
+    while not reader.at_eof():
+        await asyncio.sleep(0.02)
+
+
+async def _relay_response(up: asyncio.StreamReader, down: asyncio.StreamWriter, done: Callable[[], None]) -> bool:
+    """Relay one response; False when the connection must close after it. ``done`` is called the moment
+    the twin's last byte is handed on (the request has ended at the twin), before any other task runs."""
     head = await up.readuntil(b"\r\n\r\n")
     down.write(head)
     lower = head.lower()
@@ -161,12 +178,14 @@ async def _relay_response(up: asyncio.StreamReader, down: asyncio.StreamWriter) 
             size = int(line.split(b";")[0].strip() or b"0", 16)
             data = await up.readexactly(size + 2)
             down.write(line + data)
-            await down.drain()
             if size == 0:
+                done()
                 break
+            await down.drain()
     else:
         length = _header_int(head, b"content-length")
         if length:
             down.write(await up.readexactly(length))
+        done()
     await down.drain()
     return b"connection: close" not in lower

@@ -150,6 +150,15 @@ class Stack:
     def restart_twin(self, i: int) -> None:
         self.twin_procs[i].start()
 
+    def log_count(self, needle: bytes) -> int:
+        """Lines of the replicas' logs (every life of each) that contain ``needle``."""
+        total = 0
+        for replica in self.replica_procs:
+            if replica.log is not None:
+                replica.log.seek(0)
+                total += sum(1 for line in replica.log.read().splitlines() if needle in line)
+        return total
+
     async def close(self) -> None:
         for proc in [*self.replica_procs, *self.twin_procs, *([self.redis_proc] if self.redis_proc else [])]:
             proc.stop()
