@@ -153,6 +153,7 @@ async def run_faults(total: int, replicas: int = 2, limit: int = 4, seed: int = 
         load.start()
         await asyncio.sleep(3)
         plan = {k: n for k, n in _plan(total, redis_restarts).items() if k not in skip}
+        t_start = time.monotonic()
         order = [k for k, n in plan.items() for _ in range(n)]
         rng.shuffle(order)
         # Cheap faults come many at a time; each injection counts once.
@@ -172,6 +173,9 @@ async def run_faults(total: int, replicas: int = 2, limit: int = 4, seed: int = 
             for key in ("detect", "recover"):
                 if result.get(key) is not None:
                     row[key].append(result[key])
+            if kind not in ("oversized_body", "nested_body"):  # the timeline of the slow faults
+                out(f"  t={time.monotonic() - t_start:6.1f} s {kind:<15} sent {load.tally.sent - sent0:4d} "
+                    f"peak {dict(stack.meter.peak)} errors {dict(load.tally.errors - errors0)}")
         rows["client_disconnect"] = {"n": load.disconnects, "sent": 0, "errors": Counter(), "peak": Counter(),
                                      "detect": [], "recover": []}
     finally:
@@ -198,7 +202,7 @@ async def run_faults(total: int, replicas: int = 2, limit: int = 4, seed: int = 
 def _plan(total: int, redis_restarts: int) -> dict[str, int]:
     heavy = {"backend_kill": 4, "backend_hang": 4, "backend_5xx": 8, "redis_stop": 3, "redis_restart": redis_restarts,
              "redis_flush": 3, "replica_kill": 3, "slow_clients": 6}
-    rest = max(0, total - sum(heavy.values()) - 100)  # over 100 client disconnects come from the load
+    rest = max(0, total - sum(heavy.values()) - 40)  # at least 40 client disconnects come from the load
     heavy["oversized_body"] = rest // 2
     heavy["nested_body"] = rest - rest // 2
     return heavy
