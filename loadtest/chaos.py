@@ -55,6 +55,7 @@ class Load:
         self.disconnects = 0
         self.stopping = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._pending: set[asyncio.Task[None]] = set()
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(60, connect=5),
                                         limits=httpx.Limits(max_connections=400, max_keepalive_connections=100))
         self._n = 0
@@ -66,10 +67,11 @@ class Load:
             self._tasks += [asyncio.create_task(self._worker(team)) for team in TEAMS for _ in range(self.workers)]
 
     async def stop(self) -> None:
+        """Stop sending; requests still open are cancelled (not counted) before the client closes."""
         self.stopping = True
-        for task in self._tasks:
+        for task in [*self._tasks, *self._pending]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._pending, return_exceptions=True)
         await self.client.aclose()
 
     async def _worker(self, team: str) -> None:
@@ -77,13 +79,12 @@ class Load:
             await self.one(team)
 
     async def _open_loop(self) -> None:
-        pending: set[asyncio.Task[None]] = set()
         assert self.rate
         while not self.stopping:
             team = self.rng.choice(list(TEAMS))
             task = asyncio.create_task(self.one(team))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
             await asyncio.sleep(self.rng.expovariate(self.rate))
 
     def body(self, team: str) -> dict[str, Any]:
@@ -114,6 +115,8 @@ class Load:
         except httpx.HTTPError as exc:
             kind = f"transport:{type(exc).__name__}"
             await asyncio.sleep(0.2)  # a dead replica: do not spin
+        except Exception as exc:  # a worker that dies would silently stop the load
+            kind = f"client:{type(exc).__name__}"
         if kind == "ok":
             self.tally.latencies.append(time.monotonic() - started)
         elif kind != "client_left":
@@ -128,8 +131,9 @@ class Load:
                 return "stream_error_event"
             return "ok"
         code = ""
-        with contextlib.suppress(ValueError, AttributeError, TypeError):
-            code = r.json()["error"]["code"] or ""
+        with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+            payload = r.json()
+            code = "engine" if payload.get("object") == "error" else payload["error"]["code"] or ""
         return f"{r.status_code}:{code}"
 
 
