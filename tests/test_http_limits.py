@@ -34,7 +34,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
             yield url, metrics_port
 
 
-def _raw(url: str, data: bytes, wait: float = 5.0) -> tuple[bytes, float]:
+def _raw(url: str, data: bytes, wait: float = 8.0) -> tuple[bytes, float]:
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.settimeout(wait)
@@ -58,10 +58,10 @@ def _json_error(answer: bytes) -> dict:
 
 def test_unfinished_headers_get_408_and_the_connection_closes(gw: tuple[str, int]) -> None:
     answer, took = _raw(gw[0], b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-    assert answer.startswith(b"HTTP/1.1 408") and 1.3 < took < 3.0, (answer[:80], took)
+    assert answer.startswith(b"HTTP/1.1 408") and 1.3 < took < 5.0, (answer[:80], took)
     assert _json_error(answer)["code"] == "request_timeout"
     answer, took = _raw(gw[0], b"")  # connects and says nothing
-    assert answer.startswith(b"HTTP/1.1 408") and took < 3.0
+    assert answer.startswith(b"HTTP/1.1 408") and took < 5.0
 
 
 def test_header_size_and_count_limits(gw: tuple[str, int]) -> None:
@@ -76,7 +76,7 @@ def test_header_size_and_count_limits(gw: tuple[str, int]) -> None:
 def test_a_stalled_body_is_cut_off(gw: tuple[str, int]) -> None:
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\napi-key: key-a\r\ncontent-length: 100\r\n\r\n{"
     answer, took = _raw(gw[0], head)
-    assert answer == b"" and 1.3 < took < 3.0  # closed: the request saw its client leave
+    assert answer == b"" and 1.3 < took < 5.0  # closed: the request saw its client leave
 
 
 def test_auth_edges(gw: tuple[str, int]) -> None:
