@@ -32,11 +32,13 @@ class Meter:
         self.forwarded = 0
         self._open: dict[str, dict[int, asyncio.StreamReader]] = {}
 
+    def live(self, team: str) -> int:
+        return sum(1 for r in self._open.get(team, {}).values() if not r.at_eof())
+
     def begin(self, team: str, client: asyncio.StreamReader) -> None:
         self.inflight[team] = self.inflight.get(team, 0) + 1
-        live = self._open.setdefault(team, {})
-        live[id(client)] = client
-        self.peak[team] = max(self.peak.get(team, 0), sum(1 for r in live.values() if not r.at_eof()))
+        self._open.setdefault(team, {})[id(client)] = client
+        self.peak[team] = max(self.peak.get(team, 0), self.live(team))
         self.forwarded += 1
 
     def end(self, team: str, client: asyncio.StreamReader) -> None:
@@ -45,7 +47,7 @@ class Meter:
             self.inflight[team] -= 1
 
     def reset_peaks(self) -> None:
-        self.peak = dict(self.inflight)
+        self.peak = {team: self.live(team) for team in self.inflight}
 
 
 class FaultProxy:
@@ -168,7 +170,8 @@ async def _until_eof(reader: asyncio.StreamReader) -> None:
 
 async def _relay_response(up: asyncio.StreamReader, down: asyncio.StreamWriter, done: Callable[[], None]) -> bool:
     """Relay one response; False when the connection must close after it. ``done`` is called the moment
-    the twin's last byte is handed on (the request has ended at the twin), before any other task runs."""
+    the twin's last byte (or a stream's ``[DONE]`` event, after which the gateway may release the
+    request) is handed on, before any other task runs."""
     head = await up.readuntil(b"\r\n\r\n")
     down.write(head)
     lower = head.lower()
@@ -178,8 +181,9 @@ async def _relay_response(up: asyncio.StreamReader, down: asyncio.StreamWriter, 
             size = int(line.split(b";")[0].strip() or b"0", 16)
             data = await up.readexactly(size + 2)
             down.write(line + data)
-            if size == 0:
+            if size == 0 or b"data: [DONE]" in data:  # the engine has finished with the request
                 done()
+            if size == 0:
                 break
             await down.drain()
     else:
