@@ -12,7 +12,8 @@ in-flight requests per team at the twins' door, gateway replicas as ``python -m 
   waiting) and Redis leases left.
 - ``soak``: one replica, a constant modest rate, no faults: RSS, open fds and errors every interval.
 - ``slow``: N connections that send headers slowly or nothing, held for a while, with normal requests
-  meanwhile (p99 against an unloaded run first), then fds until they return to baseline.
+  meanwhile (p99 against an unloaded run first), then fds until they return to baseline;
+- ``hol``: an oversized prompt retried in a loop while another team uses the same backend.
 Figures and commands: docs/reliability.md.
 """
 
@@ -138,10 +139,8 @@ class Load:
 
 
 def _p(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 async def run_faults(total: int, replicas: int = 2, limit: int = 4, seed: int = 1, redis_restarts: int = 10,
