@@ -218,6 +218,7 @@ class RequestPath:
                     completion_tokens=result.completion_tokens,
                     cached_tokens=result.cached_tokens,
                     reached_backend=exchange.reached_backend,
+                    refused=exchange.refused,
                 ),
             )
             record.backend = exchange.backend
