@@ -1,6 +1,6 @@
 """Fuzz the whole gateway: generated bodies, header sets, paths and methods through the ASGI app
 (in process, for speed) in front of a real twin. No response is ever 500 or above, and every error
-the gateway makes is in the OpenAI envelope.
+the gateway makes is in the surface's envelope (OpenAI's; Anthropic's on /v1/messages).
 
 ``CACHEGATE_FUZZ_CASES`` sets the number of cases (default 2,000; the acceptance run is 10,000:
 ``CACHEGATE_FUZZ_CASES=10000 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_gateway_fuzz.py``).
@@ -90,6 +90,7 @@ targets = st.sampled_from([
     ("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/v1/models/m"), ("GET", "/v1/models/x%00"),
     ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/admin/state"), ("PUT", "/admin/teams/a"),
     ("GET", "/admin/teams/zz"), ("DELETE", "/v1/chat/completions"), ("GET", "/nope"), ("POST", "/v1/responses"),
+    ("POST", "/v1/messages"),
 ])
 
 
@@ -118,6 +119,10 @@ def _check(method: str, path: str, response: httpx.Response) -> None:
     if response.status_code < 400:
         return
     body: Any = response.json()
+    if path == "/v1/messages":  # Anthropic's envelope, the code in a header
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        assert isinstance(body["error"]["message"], str) and body["error"]["message"], body
+        return
     if path in ("/v1/chat/completions", "/v1/completions") and body.get("object") == "error":
         assert isinstance(body.get("message"), str), body  # the engine's own refusal, relayed as it came
         return
@@ -139,7 +144,7 @@ def test_no_body_or_header_set_makes_a_5xx(gateway: Any, target: tuple[str, str]
     statuses[response.status_code] += 1
     _check(method, path, response)
     if response.status_code >= 400 and "error" in response.json():
-        statuses[response.json()["error"]["code"]] += 1
+        statuses[response.json()["error"].get("code") or response.headers.get("x-cachegate-code")] += 1
 
 
 def test_the_fuzz_reached_every_outcome(gateway: Any) -> None:
