@@ -73,6 +73,10 @@ class Backend:
 
     @property
     def breaker_state(self) -> int:
+        """The breaker's state, or open while failed health checks keep the backend out of rotation
+        (every way out of rotation shows here)."""
+        if not self.health_ok:
+            return STATE_CODE["open"]
         return STATE_CODE[self.breaker.state(self.clock())]
 
     @property
@@ -98,7 +102,7 @@ class Backend:
         return BackendView(self.name, self.healthy, self.max_total_num_tokens, self.dp_size,
                            self.running, self.waiting, self.token_usage,
                            max_running_requests=self.max_running_requests, host_tokens=self.host_tokens,
-                           reload_tokens_per_s=self.reload_tokens_per_s)
+                           reload_tokens_per_s=self.reload_tokens_per_s, context_tokens=self.max_model_len)
 
 
 Listener = Callable[[str, list[BackendView]], None]
@@ -208,8 +212,12 @@ class BackendPool:
         if check_models:
             try:
                 data = (await self._get(backend, "/v1/models")).json()
-                backend.served_models = [m["id"] for m in data.get("data", [])
-                                         if isinstance(m, dict) and isinstance(m.get("id"), str)]
+                cards = [m for m in data.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)]
+                backend.served_models = [m["id"] for m in cards]
+                for card in cards:  # the model's context window: requests past it are refused at once
+                    window = card.get("max_model_len")
+                    if card["id"] == backend.upstream_model and isinstance(window, int) and window > 0:
+                        backend.max_model_len = window
                 if backend.upstream_model not in backend.served_models:
                     log.warning("backend %s serves %s, not the configured upstream model %r (model %r)",
                                 backend.name, backend.served_models, backend.upstream_model, backend.model)

@@ -71,7 +71,7 @@ def routes(gw: Gateway) -> list[Route]:
     async def get_team(request: Request) -> Response:
         _authorize(gw, request)
         name = request.path_params["team"]
-        return JSONResponse(team_view(gw, name))
+        return JSONResponse(_holding_team(gw, team_view(gw, name)))
 
     async def put_team(request: Request) -> Response:
         _authorize(gw, request)
@@ -102,7 +102,7 @@ def routes(gw: Gateway) -> list[Route]:
 
     async def state(request: Request) -> Response:
         _authorize(gw, request)
-        return JSONResponse(state_view(gw))
+        return JSONResponse(_holding(gw, state_view(gw)))
 
     return [
         Route("/admin/teams/{team}", get_team, methods=["GET"]),
@@ -110,3 +110,32 @@ def routes(gw: Gateway) -> list[Route]:
         Route("/admin/state", state, methods=["GET"]),
     ]
 
+
+def _pending_leases(gw: Gateway) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for team in gw.dispatcher.leasing.values():
+        counts[team] = counts.get(team, 0) + 1
+    return counts
+
+
+def _holding(gw: Gateway, view: dict[str, Any]) -> dict[str, Any]:
+    """In flight = holding a slot: requests the core dispatched that still wait for their Redis lease
+    are shown as ``waiting_for_lease``, not in flight."""
+    pending = _pending_leases(gw)
+    snap = view.get("core") or {}
+    teams = snap.get("teams") or {}
+    for team, n in pending.items():
+        if team in teams:
+            teams[team]["inflight"] = max(0, teams[team]["inflight"] - n)
+            teams[team]["waiting_for_lease"] = n
+    if "running" in snap:
+        snap["running"] = max(0, snap["running"] - sum(pending.values()))
+    snap["waiting_for_lease"] = sum(pending.values())
+    return view
+
+
+def _holding_team(gw: Gateway, view: dict[str, Any]) -> dict[str, Any]:
+    n = _pending_leases(gw).get(view["team"], 0)
+    view["inflight"] = max(0, view["inflight"] - n)
+    view["waiting_for_lease"] = n
+    return view

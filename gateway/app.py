@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import admin
+from gateway import admin, exposure
 from gateway.access import AccessLog, configure_access_log
 from gateway.client_routes import routes as client_routes
 from gateway.config import Config
@@ -62,10 +62,13 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
         backends = {b.name: {"healthy": b.healthy, "model": b.model, "error": b.last_error or None}
                     for b in (gw.pool.all() if gw.pool else [])}
         ready = gw.pool is not None and gw.pool.any_healthy()
+        if not exposure.may_see(gw, request):
+            return JSONResponse({"status": "ready" if ready else "not ready"}, status_code=200 if ready else 503)
         return JSONResponse({"status": "ready" if ready else "not ready", "backends": backends,
                              "state": gw.state.status()}, status_code=200 if ready else 503)
 
     async def metrics_endpoint(request: Request) -> Response:
+        exposure.guard(gw, request, metrics=True)
         body, content_type = gw.metrics.exposition(request.headers.get("accept", ""))
         return Response(body, media_type=content_type)
 
@@ -91,9 +94,12 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await gw.start()
+        metrics_server = exposure.MetricsServer(gw)
+        await metrics_server.start()
         try:
             yield
         finally:
+            await metrics_server.stop()
             await gw.stop()
             for surface in surfaces:
                 await surface.close()

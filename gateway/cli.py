@@ -26,6 +26,41 @@ def bench(ctx: typer.Context) -> None:
     bench_main(list(ctx.args))
 
 
+@app.command("chaos")
+def chaos(
+    mode: str = typer.Argument("faults", help="faults | soak | slow | hol"),
+    faults: int = typer.Option(1000, "--faults", help="faults: how many to inject (all kinds)."),
+    replicas: int = typer.Option(2, "--replicas", help="faults: gateway replicas sharing a private Redis."),
+    limit: int = typer.Option(4, "--limit", help="faults: each team's max_concurrency."),
+    redis_restarts: int = typer.Option(10, "--redis-restarts", help="faults: Redis restarts among them."),
+    minutes: float = typer.Option(30.0, "--minutes", help="soak: how long."),
+    rate: float = typer.Option(4.0, "--rate", help="soak and slow: normal requests per second."),
+    connections: int = typer.Option(2000, "--connections", help="slow: slow or idle connections."),
+    hold: float = typer.Option(120.0, "--hold", help="slow: seconds the connections are held."),
+    seed: int = typer.Option(1, "--seed"),
+    skip: list[str] = typer.Option([], "--skip", help="faults: a fault kind to leave out (repeatable)."),
+) -> None:
+    """Reliability runs on a private stack (twins, Redis, replicas): faults, soak, slow connections,
+    hol (an oversized prompt retried in a loop against another team's requests). docs/reliability.md."""
+    import asyncio
+    import functools
+
+    from loadtest import chaos as runs
+
+    out = functools.partial(print, flush=True)
+    if mode == "faults":
+        asyncio.run(runs.run_faults(faults, replicas=replicas, limit=limit, seed=seed,
+                                    redis_restarts=redis_restarts, skip=tuple(skip), out=out))
+    elif mode == "soak":
+        asyncio.run(runs.run_soak(minutes, rate, out=out))
+    elif mode == "slow":
+        asyncio.run(runs.run_slow(connections, hold, rate=rate, out=out))
+    elif mode == "hol":
+        asyncio.run(runs.run_hol(out=out))
+    else:
+        raise typer.BadParameter("mode must be faults, soak, slow or hol")
+
+
 @app.command("serve")
 def serve(
     config: str | None = typer.Option(

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway import exposure
 from gateway.access import access_record
 from gateway.errors import GatewayError, error_response
 from gateway.translate import messages as ms
@@ -56,10 +57,12 @@ def _names(gw: Gateway) -> dict[str, str]:
 
 def routes(gw: Gateway) -> list[Route]:
     async def models(request: Request) -> Response:
+        exposure.guard(gw, request)  # endpoints.require_key: closed to anonymous callers even without team keys
         _team(gw, request)
         return JSONResponse({"object": "list", "data": [_card(gw, n, a) for n, a in _names(gw).items()]})
 
     async def model(request: Request) -> Response:
+        exposure.guard(gw, request)
         _team(gw, request)
         name = request.path_params["model"]
         alias = gw.config.resolve_model(name)

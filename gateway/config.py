@@ -28,6 +28,8 @@ from backends.config import HealthConfig as HealthConfig
 from backends.config import ModelConfig as ModelConfig
 from backends.config import _Strict
 from gateway.params import check_section, section_model
+from gateway.server_config import EndpointsConfig as EndpointsConfig
+from gateway.server_config import ServerConfig as ServerConfig
 from policies.admission import SeatParams
 from policies.breaker import Breaker
 from policies.routers.min_ttft import MinTTFT
@@ -52,6 +54,7 @@ class TeamConfig(_Strict):
     weight: float = Field(_TEAM.weight, gt=0)
     priority: int = _TEAM.priority
     tokens_per_minute: int | None = Field(_TEAM.tokens_per_minute, ge=0)
+    max_request_tokens: int | None = Field(_TEAM.max_request_tokens, ge=1)
 
     def limits(self) -> TeamLimits:
         return TeamLimits(**self.model_dump())
@@ -145,6 +148,8 @@ class Config(_Strict):
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     overload: OverloadConfig = Field(default_factory=OverloadConfig)
+    endpoints: EndpointsConfig = Field(default_factory=EndpointsConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     workers: int | None = Field(None, ge=1)
     """Worker processes; unset: one per core available to the process with ``redis_url``, else 1."""

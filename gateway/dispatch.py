@@ -36,6 +36,9 @@ class Dispatcher:
         # Team leases exist only where the core keeps team limits (the admission stacks).
         self._leases = "team" in core.hooks and self.state.shared
         self._teams: dict[str, str] = {}
+        self.leasing: dict[str, str] = {}
+        """rid -> team of requests the core dispatched that still wait for their team lease (they
+        hold no slot yet: /admin/state does not count them in flight)."""
         self._pending: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
@@ -70,7 +73,14 @@ class Dispatcher:
                 raise
             if isinstance(decision, Refuse):
                 raise Refused(decision)
-            if not self._leases or await self._lease(facts):
+            if not self._leases:
+                return decision
+            self.leasing[facts.rid] = facts.team
+            try:
+                leased = await self._lease(facts)
+            finally:
+                self.leasing.pop(facts.rid, None)
+            if leased:
                 return decision
             # Another replica holds the team's leases: wait again, woken by a release anywhere.
             future = asyncio.get_running_loop().create_future()

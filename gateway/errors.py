@@ -16,6 +16,7 @@ _TYPES = {
     408: "timeout_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     502: "upstream_error",

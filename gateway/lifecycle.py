@@ -175,10 +175,9 @@ class RequestPath:
             m.requests.labels(team, alias, "", str(r.status)).inc()
             trace.failed(r.status, r.code)
             record.refusal = r.code
-            retry_after = str(max(1, round(r.retry_after_s)))
-            await self._reply_error(
-                send, GatewayError(r.status, r.message, r.code, headers={"retry-after": retry_after}), rid
-            )
+            # a 400 (a request that can never run) is not to be retried: no Retry-After
+            retry = {"retry-after": str(max(1, round(r.retry_after_s)))} if r.status in (429, 503) else {}
+            await self._reply_error(send, GatewayError(r.status, r.message, r.code, headers=retry), rid)
             return
         finally:
             await held.stop()
@@ -218,6 +217,7 @@ class RequestPath:
                     completion_tokens=result.completion_tokens,
                     cached_tokens=result.cached_tokens,
                     reached_backend=exchange.reached_backend,
+                    refused=exchange.refused,
                 ),
             )
             record.backend = exchange.backend

@@ -22,6 +22,7 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.native_relay import NativeRelay
+from gateway.openai import check_shape
 from gateway.surface import ClientRequest, ErrorReply, Surface, Target, UpstreamCall
 from gateway.translate import messages as ms
 from gateway.translate.common import new_id, sse_event
@@ -51,6 +52,7 @@ class MessagesSurface(Surface):
 
     def parse(self, raw: bytes) -> ClientRequest:
         body = ms.load_body(raw)
+        check_shape(body)  # bounded depth and sizes: a 400, never a 500 (gateway/openai.py)
         chat = ms.to_chat(body)
         return ClientRequest(model=chat.model, stream=chat.stream, max_tokens=chat.chat.get("max_tokens"),
                              prompt=chat.chat, body=body, native=MessagesRun(body, chat))

@@ -1,7 +1,10 @@
 """Parse and check an OpenAI request body; rewrite it for the upstream hop.
 
 Only what the gateway needs is checked here (model, messages or prompt, stream, max_tokens,
-stream_options); everything else passes through for the engine to judge.
+stream_options); everything else passes through for the engine to judge, once its shape is
+bounded (``check_shape``): nesting depth, array and object sizes, string sizes and the total number
+of JSON values. A body past a bound is a 400 ``request_too_complex`` (never a 500 from a
+re-serialisation deeper than orjson's 255 levels, nor a recursion error while rendering).
 """
 
 from __future__ import annotations
@@ -16,6 +19,16 @@ from gateway.errors import GatewayError
 Kind = Literal["chat", "completion"]
 
 MAX_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")
+
+MAX_DEPTH = 64
+"""Nesting levels of the body (the body object is level 1). Real requests stay far below: a tool's
+JSON schema nests about two levels per schema level; orjson writes at most 254."""
+MAX_ITEMS = 1_000_000
+"""Entries of one array or object (a 262k-token prompt given as token ids is 262k entries)."""
+MAX_STRING_CHARS = 16 * 1024 * 1024
+"""Characters of one string (16 Mi: about 4M tokens, past any context window)."""
+MAX_VALUES = 2_000_000
+"""JSON values in the whole body (bounds the walk and the memory a small body can expand into)."""
 
 
 @dataclass(slots=True)
@@ -42,6 +55,7 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
         raise _bad(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise _bad("The request body must be a JSON object.")
+    check_shape(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required and must be a non-empty string.", "model")
@@ -107,6 +121,46 @@ def _check_prompt(body: dict[str, Any]) -> int:
     raise _bad("'prompt' must be a non-empty string, array of strings or array of token ids.", "prompt")
 
 
+def check_shape(body: Any) -> None:
+    """Raise 400 ``request_too_complex`` when ``body`` passes a bound (``MAX_*`` above).
+
+    Iterative (no recursion, so any depth orjson parsed is safe to walk)."""
+    stack: list[tuple[Any, int, str]] = [(body, 1, "")]
+    values = 0
+    while stack:
+        value, depth, path = stack.pop()
+        values += 1
+        if isinstance(value, str):
+            if len(value) > MAX_STRING_CHARS:
+                raise _too_complex(f"a string of {len(value)} characters (limit {MAX_STRING_CHARS})", path)
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth > MAX_DEPTH:
+            raise _too_complex(f"JSON nested deeper than {MAX_DEPTH} levels", path)
+        if len(value) > MAX_ITEMS:
+            raise _too_complex(f"{len(value)} entries in one array or object (limit {MAX_ITEMS})", path)
+        if values + len(value) > MAX_VALUES:
+            raise _too_complex(f"more than {MAX_VALUES} JSON values", path)
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, dict | list | str):
+                    stack.append((item, depth + 1, f"{path}.{key}" if path else str(key)))
+                else:
+                    values += 1
+        else:
+            for i, item in enumerate(value):
+                if isinstance(item, dict | list | str):
+                    stack.append((item, depth + 1, f"{path}[{i}]"))
+                else:
+                    values += 1
+
+
+def _too_complex(what: str, path: str) -> GatewayError:
+    return GatewayError(400, f"The request body is too complex: {what}.", "request_too_complex",
+                        path[:200] or None)
+
+
 def _text_size(value: Any) -> int:
     if value is None:
         return 0
@@ -114,7 +168,10 @@ def _text_size(value: Any) -> int:
         return len(value.encode())
     if isinstance(value, int | float):
         return 4
-    return len(orjson.dumps(value))
+    try:
+        return len(orjson.dumps(value))
+    except (TypeError, orjson.JSONEncodeError):  # unreachable after check_shape; never a 500
+        raise _too_complex("a value that cannot be re-encoded", "") from None
 
 
 def upstream_body(req: ParsedRequest, upstream_model: str, *, rank: int | None = None) -> tuple[bytes, bool]:
@@ -129,4 +186,7 @@ def upstream_body(req: ParsedRequest, upstream_model: str, *, rank: int | None =
         injected = True
     if rank is not None:
         body["routed_dp_rank"] = rank
-    return orjson.dumps(body), injected
+    try:
+        return orjson.dumps(body), injected
+    except (TypeError, orjson.JSONEncodeError):  # unreachable after check_shape; never a 500
+        raise _too_complex("a value that cannot be re-encoded", "") from None

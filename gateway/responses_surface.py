@@ -27,6 +27,7 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.native_relay import NativeRelay
+from gateway.openai import check_shape
 from gateway.response_store import MemoryResponseStore, RedisResponseStore, ResponseStore, StoredResponse
 from gateway.surface import ClientRequest, Surface, Target, UpstreamCall
 from gateway.translate import responses as rs
@@ -82,6 +83,7 @@ class ResponsesSurface(Surface):
 
     def parse(self, raw: bytes) -> ClientRequest:
         body = rs.load_body(raw)
+        check_shape(body)  # bounded depth and sizes: a 400, never a 500 (gateway/openai.py)
         chat = rs.to_chat(body)  # checks the body; redone in prepare with the prior items
         max_out = chat.chat.get("max_tokens")
         return ClientRequest(model=chat.model, stream=chat.stream, max_tokens=max_out, prompt=chat.chat,

@@ -1,15 +1,23 @@
-"""Start the gateway under uvicorn (uvloop, httptools), one worker or several."""
+"""Start the gateway under uvicorn (uvloop, httptools), one worker or several.
+
+The HTTP protocol is uvicorn's httptools one plus the limits it lacks (gateway/httpserver.py:
+header and body timeouts, header size and count); keep-alive, connection cap and backlog come from
+the config's ``server:`` section. The open-files limit is raised to its hard limit, so that many
+idle connections cannot starve the gateway of file descriptors before the header timeout frees them.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 import sys
 
 import uvicorn
 
 from gateway.app import create_app
 from gateway.config import Config
+from gateway.httpserver import ENV as LIMITS_ENV
 from gateway.metrics import prepare_multiprocess_dir
 
 log = logging.getLogger("cachegate")
@@ -24,9 +32,13 @@ def run(config: Config) -> None:
                  "workers share team limits and backend reservations; run one worker, or set a Redis URL.")
     if not config.models:
         sys.exit("cachegate: no models configured: give --config FILE, or --backend URL --model ALIAS")
-    common = dict(host=config.listen.host, port=config.listen.port, loop="uvloop", http="httptools",
-                  log_level=config.log_level.lower(), access_log=False, timeout_keep_alive=75,
-                  timeout_graceful_shutdown=10)
+    _raise_open_files()
+    server = config.server
+    os.environ[LIMITS_ENV] = server.model_dump_json()  # read by every worker's protocol
+    common = dict(host=config.listen.host, port=config.listen.port, loop="uvloop",
+                  http="gateway.httpserver:LimitedHttpToolsProtocol", log_level=config.log_level.lower(),
+                  access_log=False, timeout_keep_alive=server.keep_alive_s, timeout_graceful_shutdown=10,
+                  limit_concurrency=server.limit_concurrency, backlog=server.backlog)
     if workers > 1:
         log.info("starting %d workers (--workers; default one per core with Redis)", workers)
         os.environ["CACHEGATE_CONFIG_JSON"] = config.model_dump_json()
@@ -35,3 +47,12 @@ def run(config: Config) -> None:
         uvicorn.run("gateway.app:app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
     else:
         uvicorn.run(create_app(config), **common)  # type: ignore[arg-type]
+
+
+def _raise_open_files() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit from %d: %s", soft, exc)

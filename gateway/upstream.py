@@ -62,6 +62,12 @@ class Exchange:
     def ok(self) -> bool:
         return self.status == 200 and self.error is None and self.result.stream_error is None
 
+    @property
+    def refused(self) -> bool:
+        """The engine refused the request (a 4xx answer relayed): it holds nothing there, so its seat
+        goes at once (``Outcome.refused``)."""
+        return 400 <= self.status < 500
+
 
 class Upstream:
     """The upstream hop of one worker: its HTTP client, the pool, and what learns from failures.

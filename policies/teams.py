@@ -23,6 +23,8 @@ class TeamLimits:
     """Band: every waiting request of a higher band goes before any of a lower one."""
     tokens_per_minute: int | None = None
     """Optional token budget (prompt + expected output), refilled continuously (``team_token_rate``)."""
+    max_request_tokens: int | None = None
+    """Optional ceiling on one request's prompt + max_tokens; past it: 400 ``team_request_tokens``."""
 
 
 UNLIMITED = TeamLimits(max_concurrency=1_000_000, max_queue=1_000_000, queue_timeout_s=1e12)

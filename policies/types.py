@@ -52,6 +52,8 @@ class BackendView:
     """Host-tier (HiCache) tokens per DP rank (0: none)."""
     reload_tokens_per_s: float = 0.0
     """Rate at which a host-tier hit is loaded back instead of recomputed (0: no host tier)."""
+    context_tokens: int = 0
+    """The model's context window (``max_model_len``; 0: unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +68,16 @@ class Dispatch:
     """Tokens of the prompt the router believes the chosen backend (rank) holds; None: unknown."""
 
 
-RefusalCode = Literal["team_queue_full", "queue_timeout", "team_token_rate", "no_healthy_backend"]
+RefusalCode = Literal["team_queue_full", "queue_timeout", "team_token_rate", "no_healthy_backend",
+                      "context_length_exceeded", "team_request_tokens", "overloaded"]
 """Why a request was refused: the ``code`` of the error body and the ``reason`` label of the refusal
 metric (``gateway/metrics.py`` takes its label values from here). ``team_queue_full``: the team's queue
 is at ``max_queue``; ``queue_timeout``: waited past ``queue_timeout_s``; ``team_token_rate``: the
-team's ``tokens_per_minute`` budget is spent; ``no_healthy_backend``: nowhere to send it (503)."""
+team's ``tokens_per_minute`` budget is spent; ``no_healthy_backend``: nowhere to send it (503);
+``context_length_exceeded``: the prompt (or prompt + ``max_tokens``) is more than any backend can ever
+hold or its context window (400, at once: it would block the seat queue); ``team_request_tokens``:
+past the team's ``max_request_tokens`` (400); ``overloaded``: the worker sheds new requests (503,
+``gateway/overload.py``; not a policy decision, counted with the others)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +102,5 @@ class Outcome:
     cached_tokens: int = 0
     reached_backend: bool = True
     """False when the connection failed before any byte was sent (safe to retry elsewhere)."""
+    refused: bool = False
+    """The engine refused the request (a 4xx answer): it holds nothing there, its seat goes at once."""

@@ -249,8 +249,17 @@ def test_errors_set_span_status(gateway: str, receiver: OtlpReceiver) -> None:
     missing = receiver.wait(lambda spans: [s for s in spans if s["attrs"].get("error.type") == "model_not_found"])
     assert missing[0]["status"] == STATUS_ERROR and missing[0]["attrs"]["http.response.status_code"] == 404
 
-    # Past Kimi's context window (262,144): the engine itself refuses it (a 400 from upstream).
+    # Past Kimi's context window (262,144): the gateway refuses it at once (it knows the window), no upstream.
     r = httpx.post(gateway + "/v1/chat/completions", json=_chat("x", max_tokens=300_000), timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    server, spans = receiver.trace_of(r.headers["x-request-id"], children=1)  # admission only: no upstream hop
+    assert server["status"] == STATUS_ERROR and server["attrs"]["http.response.status_code"] == 400
+    assert server["attrs"]["error.type"] == "context_length_exceeded"
+    assert not [s for s in spans if s["kind"] == KIND_CLIENT]
+
+    # Two prompts in one completion request: the engine itself (the twin) refuses it (a 400 from upstream).
+    r = httpx.post(gateway + "/v1/completions", json={"model": "kimi", "prompt": ["a", "b"], "max_tokens": 4},
+                   timeout=30)
     assert r.status_code == 400
     server, spans = receiver.trace_of(r.headers["x-request-id"])
     assert server["status"] == STATUS_ERROR and server["attrs"]["http.response.status_code"] == 400

@@ -33,8 +33,10 @@ Order of the waiting room
 -------------------------
 Turns of seated conversations go first (they take no new capacity), then new seats: priority band
 (higher first), then the team's virtual token counter (lowest first: ``policies/teams.py``), then
-arrival. A new-seat request that does not fit blocks new seats behind it for that model (no
-backfill, so large conversations are not starved by small ones). Team caps (``max_concurrency``)
+arrival. A new-seat request that does not fit keeps the slot where it is shortest of room: new
+seats behind it may go only to the model's other slots (backfill that cannot delay it, so large
+conversations are not starved by small ones; with one slot, nothing passes it). A request that can
+never fit is refused on arrival (``policies/request_limits.py``). Team caps (``max_concurrency``)
 skip a team without blocking others.
 
 Every tier (issue 12)

@@ -130,7 +130,8 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         if not self._healthy(req.model, req.exclude):
             return [Refuse(req.rid, "no_healthy_backend", f"no healthy backend for model '{req.model}'", 5.0, 503)]
         need = self._need(req)
-        refused = self._refuse_at_door(req, team, need, now)
+        refused = self._refuse_at_door(req, team, need, now, self.models[req.model].views.values(),
+                                       self.params.high_water)
         if refused is not None:
             return [refused]
         key, one_shot = self._conversation(req)
@@ -164,7 +165,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             seat.last_active = now
             if outcome.prompt_tokens and outcome.completion_tokens:
                 seat.tokens = self._reserve(seat, outcome.prompt_tokens + outcome.completion_tokens)
-            if seat.one_shot or (not outcome.reached_backend and seat.busy == 0):
+            if seat.one_shot or ((not outcome.reached_backend or outcome.refused) and seat.busy == 0):
                 self._release(seat)
         self.router.finished(rid, run.slot[0], outcome, now)
         return self._schedule(now)
@@ -339,20 +340,28 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             if matched is not None:  # for traces: how much of this turn the backend should hold
                 scores["matched_tokens"] = float(matched)
             decisions.append(self._dispatch(w, seat.slot, now, "prefix", scores, matched))
-        # 2. New seats, in fair order; a head that does not fit blocks its model (no backfill).
-        blocked: dict[str, Waiter] = {}
+        # 2. New seats, in fair order; a head that does not fit keeps the slot it waits for, and
+        # others backfill the model's other slots (policies/request_limits.py).
+        held: dict[str, Slot | None] = {}  # model -> the blocked head's slot
+        tried: set[str] = set()
+        smallest_failed: dict[str, int] = {}  # model -> smallest need that found no slot behind the head
         while True:
             candidates = [w for w in self.waiting.values()
-                          if w.req.model not in blocked
+                          if w.req.rid not in tried and w.need < smallest_failed.get(w.req.model, 1 << 62)
                           and self._may_dispatch(self.teams[w.req.team], now)]
             if not candidates:
                 break
             w = min(candidates, key=self._rank)
-            place = self._place(w, now)
-            if place is None and self._make_room(w, now):
+            tried.add(w.req.rid)
+            head = w.req.model not in held
+            place = self._place(w, now, avoid=held.get(w.req.model))
+            if place is None and head and self._make_room(w, now):
                 place = self._place(w, now)
             if place is None:
-                blocked[w.req.model] = w
+                if head:
+                    held[w.req.model] = self._head_slot(w)
+                else:
+                    smallest_failed[w.req.model] = min(w.need, smallest_failed.get(w.req.model, 1 << 62))
                 continue
             self._take(w)
             decisions.append(self._dispatch(w, place.slot, now, place.reason, place.scores, place.matched_tokens))

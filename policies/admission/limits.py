@@ -1,6 +1,8 @@
 """Team limits at admission: concurrency caps, queue bounds and token rates, scaled by the share.
 
-A team may dispatch while ``inflight < cap`` (``cap = max_concurrency``, or
+A request that can never run, or that passes the team's ``max_request_tokens``, is refused at the
+door with 400 (``policies/request_limits.py``). A team may dispatch while ``inflight < cap``
+(``cap = max_concurrency``, or
 ``max(1, ceil(max_concurrency · share))`` when concurrency is split between replicas) and no lease
 refusal blocks it. A request is refused at the door when ``waiting ≥ max_queue`` (times ``share``,
 rounded up, below 1) or when the team's token bucket (``tokens_per_minute · share``) cannot pay its
@@ -10,9 +12,11 @@ need. Limits and their defaults: ``policies/teams.py::TeamLimits``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
+from policies.request_limits import never_runs
 from policies.teams import TeamState
-from policies.types import Refuse, RequestFacts
+from policies.types import BackendView, Refuse, RequestFacts
 
 
 class TeamGate:
@@ -30,8 +34,13 @@ class TeamGate:
     def _may_dispatch(self, team: TeamState, now: float) -> bool:
         return team.inflight < self._cap(team) and team.blocked_until <= now
 
-    def _refuse_at_door(self, req: RequestFacts, team: TeamState, need: int, now: float) -> Refuse | None:
-        """The queue bound, then the token rate (which takes ``need`` tokens when it lets it in)."""
+    def _refuse_at_door(self, req: RequestFacts, team: TeamState, need: int, now: float,
+                        views: Iterable[BackendView] = (), high_water: float = 1.0) -> Refuse | None:
+        """A request that can never run (``policies/request_limits.py``: 400 at once, it would block the
+        seat queue), then the queue bound, then the token rate (which takes ``need`` tokens when it lets it in)."""
+        never = never_runs(req, views, high_water, team.limits)
+        if never is not None:
+            return never
         queue_cap = team.limits.max_queue if self.share >= 1.0 else math.ceil(team.limits.max_queue * self.share)
         if team.waiting >= queue_cap:
             return Refuse(

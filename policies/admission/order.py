@@ -2,7 +2,9 @@
 
 Order: priority band (team's ``priority`` + the request's, higher first), then the team's virtual
 token counter (lowest first), then arrival. Placement: the router chooses among the slots where the
-seat fits; else the fitting slot with the least reserved. Victims (idle, held ``min_hold_s``, or
+seat fits (and that can ever hold the prompt, ``request_limits.can_hold``), never the slot a blocked
+head waits for (``avoid``: backfill); else the fitting slot with the least reserved. Victims
+(idle, held ``min_hold_s``, or
 ``quantum_s`` per ``rotate_on``) are chosen per slot so that the fewest seats are released,
 most-served team first, then oldest seat. Parameters and defaults: ``SeatParams``.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from policies.admission.records import Placement, Seat, Waiter
 from policies.admission.sizing import SeatSizing
+from policies.request_limits import can_hold, head_slot
 from policies.routing import Router
 from policies.teams import TeamState
 from policies.types import Slot
@@ -31,9 +34,17 @@ class FairOrder(SeatSizing):
     def _order(self, waiters: list[Waiter]) -> list[Waiter]:
         return sorted(waiters, key=self._rank)
 
-    def _place(self, w: Waiter, now: float) -> Placement | None:
-        """A slot with room for a new seat, chosen by the router among those that fit."""
-        fitting = {slot for slot, cap in self._slots(w.req.model, w.req.exclude) if self._fits(w.need, slot, cap)}
+    def _head_slot(self, w: Waiter) -> Slot | None:
+        """The slot a blocked head waits for (``policies/request_limits.py::head_slot``)."""
+        return head_slot(self._slots(w.req.model, w.req.exclude), w.need, lambda s: self.reserved.get(s, 0),
+                         self._budget)
+
+    def _place(self, w: Waiter, now: float, avoid: Slot | None = None) -> Placement | None:
+        """A slot with room for a new seat (not ``avoid``: a blocked head's), chosen by the router
+        among those that fit and can ever hold the prompt."""
+        fitting = {slot for slot, cap in self._slots(w.req.model, w.req.exclude)
+                   if slot != avoid and self._fits(w.need, slot, cap)
+                   and can_hold(w.req.prompt_tokens, cap, self.params.high_water)}
         if not fitting:
             return None
         entry = self.models[w.req.model]

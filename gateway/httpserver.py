@@ -1,0 +1,164 @@
+"""uvicorn's httptools protocol with the limits it lacks: header and body timeouts, header size and count.
+
+uvicorn (0.54) closes idle keep-alive connections (``timeout_keep_alive``) but has no timeout for a
+connection that never finishes its headers or body, and httptools buffers an unfinished header of
+any size: 450 slow connections held fds for ever, 50 unfinished 1 MiB headers cost 54 MB. This
+protocol adds (``server:`` in the config, ``ServerConfig``):
+
+- ``header_timeout_s``: from connecting (or a request's first byte on a kept-alive connection) to
+  its complete headers; past it, 408 in the OpenAI envelope and the connection closes;
+- ``body_timeout_s`` (whole body) and ``body_idle_timeout_s`` (between pieces): past either the
+  connection closes, which the request sees as its client leaving (so it gives back what it held);
+- ``max_header_bytes`` (request line + headers, counted as they arrive, so an unfinished header
+  costs at most this much memory) and ``max_headers``: past either, 431 and close.
+
+Every refusal here is a complete JSON error (never the text/plain 400 of uvicorn). The settings
+reach every worker process through ``CACHEGATE_SERVER_LIMITS`` (JSON), set by ``gateway/serve.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.errors import error_body
+
+ENV = "CACHEGATE_SERVER_LIMITS"
+
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    body_idle_timeout_s: float = 15.0
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+
+
+_limits: Limits | None = None
+
+
+def limits() -> Limits:
+    global _limits
+    if _limits is None:
+        raw = os.environ.get(ENV)
+        fields = set(Limits.__dataclass_fields__)
+        _limits = Limits(**{k: v for k, v in orjson.loads(raw).items() if k in fields}) if raw else Limits()
+    return _limits
+
+
+def refusal(status: int, message: str, code: str) -> bytes:
+    body = error_body(status, message, code)
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+            % (status, _REASONS[status], len(body))) + body
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """``HttpToolsProtocol`` plus header/body timeouts and header limits (module docstring)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._lim = limits()
+        self._reading_head = True
+        self._head_bytes = 0
+        self._header_count = 0
+        self._refusal: tuple[int, str, str] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._body_deadline = 0.0
+        self._arm(self._lim.header_timeout_s, self._head_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, delay: float, callback: object) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(delay, callback)  # type: ignore[arg-type]
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        self._disarm()
+        if not self.transport.is_closing():
+            if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
+                self.transport.write(refusal(status, message, code))
+            self.transport.close()
+
+    def _head_timeout(self) -> None:
+        self._timer = None
+        if self.cycle is not None and not self.cycle.response_complete and not self._reading_head:
+            return  # a request is being served: its own timeouts apply
+        self._refuse(408, f"The request headers did not arrive within {self._lim.header_timeout_s:g} s.",
+                     "request_timeout")
+
+    def _body_timeout(self) -> None:
+        self._timer = None
+        if self.flow.read_paused:  # the app has not taken what arrived yet: not the client's fault
+            self._arm(self._lim.body_idle_timeout_s, self._body_timeout)
+            return
+        if not self.transport.is_closing():
+            self.transport.close()  # the request sees its client leave and gives back what it held
+
+    def _arm_body(self) -> None:
+        remaining = self._body_deadline - self.loop.time()
+        self._arm(max(0.0, min(self._lim.body_idle_timeout_s, remaining)), self._body_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self._reading_head:
+            self._head_bytes += len(data)
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError:
+            self._refuse(*(self._refusal or (400, "Invalid HTTP request.", "invalid_http")))
+            return
+        if self._reading_head and self._head_bytes > self._lim.max_header_bytes:
+            self._refuse(431, f"The request line and headers pass {self._lim.max_header_bytes} bytes.",
+                         "headers_too_large")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._reading_head = True
+        self._header_count = 0
+        if self._timer is None:  # a request on a kept-alive connection: its headers get the same time
+            self._arm(self._lim.header_timeout_s, self._head_timeout)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self._lim.max_headers:
+            self._refusal = (431, f"More than {self._lim.max_headers} header fields.", "too_many_headers")
+            raise ValueError("too many headers")  # stops the parser; data_received answers 431
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._reading_head = False
+        self._head_bytes = 0
+        self._body_deadline = self.loop.time() + self._lim.body_timeout_s
+        self._arm_body()
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self._arm_body()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._reading_head = True  # what arrives next is the next request's head
+        self._head_bytes = 0
+        super().on_message_complete()
