@@ -1,4 +1,4 @@
-"""A streamed request that waits long in the queue: its response opened early (interfaces §4).
+"""A streamed request that waits long in the queue: its response opened early.
 
 Until it is dispatched, a request gets no response bytes. A *streamed* one still waiting after
 ``Config.queue_open_after_s`` gets its 200 SSE headers, then the surface's keep-alive

@@ -1,4 +1,4 @@
-"""State that replicas must agree on, shared through Redis (interfaces §2, §5).
+"""State that replicas must agree on, shared through Redis.
 
 - **Team leases**: a dispatched request holds a lease of its team. In Redis a team's leases are one
   hash, one count per replica (``gateway/redis_scripts.py``); taking one is one Lua call that also

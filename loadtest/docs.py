@@ -250,7 +250,7 @@ def write_docs(rows: list[dict], walls: dict[str, float] | None, minutes: float,
     far = far_off(rows)
     cal = f"""# Calibration: the simulated 8×B300 node against the published comparison
 
-Closed-loop `coding-agent` conversations (interfaces §7) sent to one simulated SGLang server,
+Closed-loop `coding-agent` conversations sent to one simulated SGLang server,
 {minutes:g} simulated minutes with the first {warmup:g} excluded, seed 1. Published figures:
 `reference/sglang-and-kimi.md` §11 (the collapsing "bad" deployment beside `b300-tp8-bf16` and
 `b300-dp2-bf16`, the "good" one beside the others). Ratios are simulated / published. Every profile but one is
@@ -265,7 +265,7 @@ in the fit's first trial), which is not what was measured.
 
 {calibration_table(rows)}
 
-## The fitted profile: residuals (issue 12 acceptance)
+## The fitted profile: residuals (acceptance)
 
 `b300-dp8-fp8-cp`: DP8 attention with fp8 KV, SGLang's DP defaults, FP8 context-parallel prefill attention,
 the `kv_b_proj` re-expansion; fitted: U_ATTN, U_LIN, `--max-running-requests` 40 (5 per rank), MTP with one
@@ -337,7 +337,7 @@ source (`srt/arg_groups/parallel_hook.py` `handle_data_parallelism`, `srt/arg_gr
 
 {benchmark_table(rows, "b300-tp8-fp8-hicache")}
 
-### Shape checks (issue 4)
+### Shape checks
 
 {chr(10).join(f"- {'PASS' if ok else 'FAIL'}: {name} ({detail})" for name, ok, detail in checks)}
 

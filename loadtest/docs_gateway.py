@@ -1,4 +1,4 @@
-"""Regenerate the `gateway` tables of ``docs/benchmarks.md``: admission (issue 5) and routing (issue 6).
+"""Regenerate the `gateway` tables of ``docs/benchmarks.md``: admission and routing.
 
     python -m loadtest.docs_gateway            # run the simulations (2 processes), rewrite both sections
 
@@ -96,7 +96,7 @@ def _s(x: float | None) -> str:
 
 
 def render(rows: dict[str, dict[str, Any]], wall: float) -> str:
-    lines = [BEGIN, "", "## Admission control (issue 5): `gateway` against `direct`", "",
+    lines = [BEGIN, "", "## Admission control: `gateway` against `direct`", "",
              "Simulated, coding-agent workload, seed 1, one backend. Figures after the warm-up; requests still "
              f"waiting at the end count with their wait so far. All {len(rows)} runs took {wall:.0f} s of wall time "
              "on 2 cores.", ""]
@@ -146,7 +146,7 @@ def render(rows: dict[str, dict[str, Any]], wall: float) -> str:
             lines.append(f"| {n} | {label} | {_m(r['total_tpm'])} | {r['total_tpm'] / d['total_tpm']:.3f} | "
                          f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {published_p95[n]:.2f} s | "
                          f"{_s(r['max_wait_s'])} | {r['starved']} |")
-    lines += ["", "Acceptance (issue 12; seats count the host tier and rotate at the swap cost):", ""]
+    lines += ["", "Acceptance (seats count the host tier and rotate at the swap cost):", ""]
     lines += [f"- {x}" for x in hicache_checks(rows)]
     lines += ["", "### Two teams on one `b300-tp8-fp8` backend, equal weights, 20 minutes", "",
               "```", "cachegate simulate --profile b300-tp8-fp8 --backends 1 --policy gateway --teams big:40,small:8 "
@@ -167,7 +167,7 @@ def render(rows: dict[str, dict[str, Any]], wall: float) -> str:
 
 def render_routing(rows: dict[str, dict[str, Any]]) -> str:
     pooled = rows["trace/pooled"]["cache_hit_rate"]
-    lines = [RBEGIN, "", "## Prefix-cache-aware routing (issue 6)", "",
+    lines = [RBEGIN, "", "## Prefix-cache-aware routing", "",
              "### Mooncake conversation trace, first 20 minutes (window 5-20), 8 × `b300-tp8-fp8` with 1M tokens each",
              "", "```",
              f"cachegate simulate --workload trace:{TRACE} --profile b300-tp8-fp8 --backends 8 --kv-tokens 1000000 "
@@ -220,7 +220,7 @@ def render_routing(rows: dict[str, dict[str, Any]]) -> str:
                          f"{r['completed_rpm']:.1f} | {r['output_tpm'] / 1e3:.0f}k | "
                          f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {pub} | {_s(r['max_wait_s'])} | "
                          f"{r['cache_hit_rate']:.1%} | {r['starved']} |")
-    lines += ["", "Acceptance (issue 12):", ""] + [f"- {x}" for x in dp_checks(rows)]
+    lines += ["", "Acceptance:", ""] + [f"- {x}" for x in dp_checks(rows)]
     lines += ["", REND]
     return "\n".join(lines)
 

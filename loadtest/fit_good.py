@@ -1,6 +1,6 @@
 """Fit ``b300-dp8-fp8-cp`` to the published good deployment and print its residuals.
 
-The one fitted profile (issue 12): every other constant of it is derived in
+The one fitted profile: every other constant of it is derived in
 ``backends/sim/profiles.py``; this script searches a small grid of the five fitted ones (prefill
 attention and linear utilisation, the deployment's ``--max-running-requests``, the per-request
 tokenisation rate and fixed overhead) and scores each candidate by its residuals against the

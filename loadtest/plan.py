@@ -102,7 +102,7 @@ def parse_teams(spec: str) -> list[TeamDemand]:
 
 
 def teams_config(teams: list[TeamDemand], peaks: dict[str, int], targets: Targets) -> dict:
-    """The ``teams:`` section (interfaces §6) for the recommended fleet."""
+    """The ``teams:`` section for the recommended fleet."""
     timeout = max(300.0, 2 * targets.max_wait_s)
     return {t.name: {"max_concurrency": max(1, min(t.conversations, math.ceil(peaks.get(t.name, 1) * HEADROOM))),
                      "max_queue": t.conversations, "queue_timeout_s": timeout, "weight": 1, "priority": 0}

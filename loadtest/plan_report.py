@@ -1,6 +1,6 @@
 """What `cachegate plan` prints and writes: per profile the recommendation, each team's limits and
 figures, the frontier (servers against TTFT and tokens/min) as a table and a PNG, and a ``teams:``
-config snippet (interfaces §6)."""
+config snippet."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Single-request speed of a profile on an idle engine: prefill tokens/s of a cold prompt and
-decode tokens/s at a given context (the GB10 calibration against the 16×GB10 post, issue 12).
+decode tokens/s at a given context (the GB10 calibration against the 16×GB10 post).
 
     python -m loadtest.single --profiles gb10x16-tp16-fp8,gb10x16-tp4pp4-fp8
 

@@ -10,7 +10,7 @@ prefix cache in both worlds.
 Two workloads:
 
 ``coding-agent`` (closed loop, ``CodingAgent``): ``N`` conversation *slots*; each runs one agent
-conversation after another. Parameters at ``scale=1`` (interfaces §7; binding):
+conversation after another. Parameters at ``scale=1``:
 
 * ``PREFIX_TOKENS = 15_000`` system prompt + tool definitions, shared by every conversation of the
   same assistant; ``ASSISTANTS = 3`` assistants (an IDE agent, a CLI agent, a review bot).

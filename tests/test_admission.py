@@ -337,7 +337,7 @@ def test_seated_turn_reports_the_prefix_the_router_knows() -> None:
     assert d2.scores["matched_tokens"] == 3000.0
 
 
-# ----- every tier (issue 12) ---------------------------------------------------------------------
+# ----- every tier ---------------------------------------------------------------------
 
 def test_max_running_requests_is_a_seat_budget() -> None:
     """A rank reporting max_running_requests 5 seats at most ceil(1.2 × 5) = 6 conversations."""

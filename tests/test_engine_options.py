@@ -1,4 +1,4 @@
-"""Engine options of issue 12: DP defaults, FP8 / context-parallel prefill attention, kv_b_proj
+"""Engine options: DP defaults, FP8 / context-parallel prefill attention, kv_b_proj
 re-expansion, speculative decoding, mixed chunk, prefill delayer, per-request overhead."""
 
 from __future__ import annotations

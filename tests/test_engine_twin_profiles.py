@@ -1,4 +1,4 @@
-"""The twin serves issue 12's profiles and reports SGLang's DP settings; the pool reads the running cap."""
+"""The twin serves the profiles and reports SGLang's DP settings; the pool reads the running cap."""
 
 from __future__ import annotations
 

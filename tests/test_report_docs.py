@@ -26,7 +26,7 @@ def test_shape_checks_fail_and_pass() -> None:
 
 
 def test_docs_written_and_other_sections_kept(tmp_path: Path) -> None:
-    (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n## Admission (issue 5)\nhand-written\n")
+    (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n## Admission\nhand-written\n")
     rows = _rows({8: 3e6, 16: 4.5e6, 32: 1.2e6, 48: 1.1e6, 64: 1e6})
     write_docs(rows, None, 20, 5, tmp_path)
     write_docs(rows, None, 20, 5, tmp_path)  # twice: the section is replaced, not appended

@@ -1,4 +1,4 @@
-"""Workloads: determinism, the coding-agent targets (interfaces §7), trace replay, teams."""
+"""Workloads: determinism, the coding-agent targets, trace replay, teams."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from loadtest.workload import (
     parse_teams,
     segment_blocks,
 )
+from tests.harness import ROOT
 
-TRACE = Path("/work/shared/traces/mooncake/conversation_trace.jsonl")
+# The public trace ships beside the repository (shared/traces/), not in it.
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 
 
 def _prompts(w: CodingAgent, slots: int) -> tuple[list[int], float]:

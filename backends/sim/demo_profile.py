@@ -1,4 +1,4 @@
-"""The live demo's twin profile (issue 15): a B300-like contrast between a cached and a recomputed
+"""The live demo's twin profile: a B300-like contrast between a cached and a recomputed
 turn, at the token scale a 2-core laptop can serve over HTTP.
 
 ``cachegate demo`` runs the ``coding-agent`` workload at token scale 0.032 (contexts of about

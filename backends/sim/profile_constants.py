@@ -36,7 +36,7 @@ DP_CONSERVATIVENESS = 0.3  # SGLang handle_data_parallelism: schedule_conservati
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
 HOST_LOAD_BW = 50e9  # bytes/s per GPU, host DRAM -> HBM (HiCache)
 
-# GB10 (issue 12, re-derived against the 16×GB10 post: 750 tok/s prefill, 20 tok/s average decode,
+# GB10 (re-derived against the 16×GB10 post: 750 tok/s prefill, 20 tok/s average decode,
 # 38 peak; vLLM and K3, so a target with that caveat). SM121 has no sm100 MLA kernels and bf16 MMA
 # with FP32 accumulate runs at half rate (62 TF effective, not 125); prefill then runs at the
 # utilisation the post measured (the only GB10 measurement): TP all-reduces over 200 Gb/s RoCE,

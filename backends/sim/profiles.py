@@ -32,7 +32,7 @@ bf16 and fp8 KV differ only in bytes per token (capacity and decode ``k_kv``): p
 computes in bf16 either way, so the B300 profiles share every compute constant and
 ``prefill_efficiency`` is 1.0 for all of them.
 
-Engine options (issue 12), each a ``Profile`` field with its derivation in ``_b300``:
+Engine options, each a ``Profile`` field with its derivation in ``_b300``:
 
 - **DP attention defaults** (SGLang ``srt/arg_groups/parallel_hook.py`` ``handle_data_parallelism``,
   ``_handle_data_parallelism`` in older ``server_args.py``): ``chunked_prefill_size //= dp_size``
@@ -326,7 +326,7 @@ def get_profile(name: str) -> Profile:
         raise ValueError(f"unknown profile {name!r}; choose one of: {', '.join(PROFILES)}") from None
 
 
-# ---- issue 15: the live demo's twin profile, kept in its own module (backends/sim/demo_profile.py) ----
+# ---- the live demo's twin profile, kept in its own module (backends/sim/demo_profile.py) ----
 from backends.sim.demo_profile import DEMO_FIELDS  # noqa: E402
 
 PROFILES[DEMO_FIELDS["name"]] = Profile(**DEMO_FIELDS)

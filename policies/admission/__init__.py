@@ -1,6 +1,6 @@
 """Cache-protecting admission: team limits, a fair queue, and seats on backends.
 
-``SeatedAdmission`` is the decision core of the ``gateway`` stack (interfaces §2). It decides
+``SeatedAdmission`` is the decision core of the ``gateway`` stack. It decides
 *when* a request may go; its router decides *where* a conversation sits.
 
 Seats
@@ -39,7 +39,7 @@ conversations are not starved by small ones; with one slot, nothing passes it). 
 never fit is refused on arrival (``policies/request_limits.py``). Team caps (``max_concurrency``)
 skip a team without blocking others.
 
-Every tier (issue 12)
+Every tier
 ---------------------
 A seat's budget counts every tier a backend reports, not only its GPU pool:
 

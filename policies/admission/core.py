@@ -68,7 +68,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
     # ----- configuration -------------------------------------------------------------------------
 
     def configure(self, config: Mapping[str, object]) -> None:
-        """Take team limits and seat parameters from a config mapping (interfaces §6 shape):
+        """Take team limits and seat parameters from a config mapping:
         ``teams: {name: {max_concurrency, ...}}`` (the ``default`` entry applies to teams not listed)
         and ``admission: {high_water, admit_water, quantum_s, ...}``."""
         teams = config.get("teams") or {}
@@ -90,7 +90,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             self.teams[name].limits = limits
 
     def set_share(self, share: float, split_concurrency: bool, now: float) -> list[Decision]:
-        """This replica's share of every limit when several replicas share the backends (interfaces §5).
+        """This replica's share of every limit when several replicas share the backends.
 
         ``share`` (1 / live replicas) scales each backend's seat budget, each team's queue bound and
         token rate; ``split_concurrency`` also scales team concurrency (when Redis leases cannot

@@ -1,6 +1,6 @@
 """A request that can never run is refused at once, in the surface's own envelope, and reaches no
 backend: past the context window (prompt + max_tokens) on each surface, and a prompt larger than
-the backend's KV cache (issue 14). A twin in process, the gateway's ASGI app in process."""
+the backend's KV cache. A twin in process, the gateway's ASGI app in process."""
 
 from __future__ import annotations
 

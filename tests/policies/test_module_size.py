@@ -1,5 +1,5 @@
 """Small modules with one job each: no module under ``gateway/``, ``policies/`` or ``backends/`` is
-over 400 lines (issue 13's acceptance; a longer one is split by job, not trimmed)."""
+over 400 lines (the acceptance; a longer one is split by job, not trimmed)."""
 
 from __future__ import annotations
 
