@@ -186,7 +186,7 @@ async def run_faults(total: int, replicas: int = 2, limit: int = 4, seed: int = 
         end = await probe.settle(stack.lease_ttl_s + 3)
         await probe.close()
         end["degraded"] = stack.log_count(b"DEGRADED MODE")
-        end["redis_back"] = stack.log_count(b"Redis is reachable again")
+        end["redis_back"] = stack.log_count(b"shared through Redis across")
         await stack.close()
     faults = sum(r["n"] for r in rows.values())
     _print_table(rows, limit, out)

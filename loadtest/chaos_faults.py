@@ -201,7 +201,9 @@ async def _bad_body(stack: Stack, rng: random.Random, raw: bytes, want: set[str]
 
 
 async def oversized_body(stack: Stack, probe: Probe, rng: random.Random) -> dict[str, Any]:
-    body = {"model": "m", "messages": [{"role": "user", "content": "word " * rng.randrange(40_000, 140_000)}],
+    # 55k+ words: 275+ KB, 68k+ tokens at the twin's 4 bytes per token, past the tiny profile's whole
+    # 65,536-token KV pool (below that, a prompt under high_water · 65,536 may rightly run)
+    body = {"model": "m", "messages": [{"role": "user", "content": "word " * rng.randrange(55_000, 140_000)}],
             "user": "a"}
     return await _bad_body(stack, rng, orjson.dumps(body), {"context_length_exceeded"})
 

@@ -180,18 +180,14 @@ class Stack:
         return None
 
     def leases(self) -> int | None:
-        """Leases left in Redis (all teams), or None when Redis is down."""
+        """Leases left in Redis held by live replicas (all teams), or None when Redis is down."""
         import redis
 
+        from gateway.redis_scripts import live_leases
+
         try:
-            client = redis.Redis(port=self.redis_port, socket_connect_timeout=0.5, socket_timeout=1)
-            keys = client.keys("cachegate:lease:*")
-            now = client.time()
-            t = now[0] + now[1] / 1e6
-            total = sum(int(client.zcount(k, t, "+inf")) for k in keys)
-            client.close()
-            return total
-        except redis.RedisError:
+            return sum(live_leases(self.redis_url).values())
+        except (redis.RedisError, OSError):
             return None
 
     def pids(self) -> list[int]:

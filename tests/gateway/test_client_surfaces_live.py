@@ -153,8 +153,9 @@ def test_errors_in_each_surface_envelope(stack: tuple[str, str]) -> None:
 
 
 def test_upstream_errors_in_each_surface_envelope(stack: tuple[str, str]) -> None:
-    """The twin refuses a request longer than its context (400, SGLang's flat error shape); each
-    surface answers it in its own envelope with the status kept."""
+    """A request longer than the context: since issue 14 the gateway refuses it itself (400
+    ``context_length_exceeded``: it knows the window), before the twin would (SGLang's flat 400);
+    each surface answers it in its own envelope. (An engine 400 relayed: tests/test_telemetry.py.)"""
     gw, _ = stack
     huge = 10_000_000
     with pytest.raises(anthropic.BadRequestError) as a_err:
@@ -168,6 +169,7 @@ def test_upstream_errors_in_each_surface_envelope(stack: tuple[str, str]) -> Non
     r = httpx.post(gw + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
                    json={"model": "kimi", "max_tokens": huge, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and set(r.json()) == {"error"} and r.json()["error"]["type"] == "invalid_request_error"
+    assert r.json()["error"]["code"] == "context_length_exceeded"
 
 
 def _hold(url: str, body: dict[str, Any], headers: dict[str, str], started: threading.Event,
