@@ -26,7 +26,7 @@ conversation after another. Parameters at ``scale=1``:
 * A conversation ends when its next prompt would pass ``U(200k, 250k)`` tokens (the model limit
   minus headroom) and the slot starts a new one after a think pause.
 
-  Targets these reproduce (``tests/test_workload.py`` checks them): median prompt near 155k tokens
+  Targets these reproduce (``tests/loadtest/test_workload.py`` checks them): median prompt near 155k tokens
   (the published comparison implies ~162k tokens per request at 48 conversations, §11 of
   ``reference/sglang-and-kimi.md``; its §10 gives the 20-60k start, the 2-5k growth per turn and
   the 200-256k ceiling), and over 95% of all prompt tokens already seen before (sent or generated

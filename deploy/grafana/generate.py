@@ -1,7 +1,7 @@
 """Grafana dashboards for cachegate, generated with Grafana Labs' foundation SDK.
 
 ``python deploy/grafana/generate.py`` rewrites ``deploy/grafana/dashboards/*.json`` and the panel list in
-``deploy/grafana/README.md``; ``tests/test_deploy_dashboards.py`` checks the committed files equal what
+``deploy/grafana/README.md``; ``tests/deploy/test_deploy_dashboards.py`` checks the committed files equal what
 this module produces. Every panel is declared once below as typed data (``Dash``/``Panel``/``Query``),
 so the same declarations feed the JSON, the README and ``all_queries()`` (the PromQL that the live
 Prometheus test evaluates). Queries use fixed ``[1m]`` windows and no Grafana variables, so each

@@ -29,7 +29,7 @@ from backends.sim.testing import run_twin
 from deploy.grafana.generate import all_queries
 from tests.harness import run_gateway
 from tests.promharness import prometheus
-from tests.test_telemetry import OtlpReceiver
+from tests.gateway.test_telemetry import OtlpReceiver
 
 KEYS = {"default": "sk-live-default", "tight": "sk-live-tight"}
 LOAD_S = 9.0

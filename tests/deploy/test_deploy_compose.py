@@ -27,7 +27,7 @@ from jsonschema import Draft202012Validator
 from backends.sim.cli import sim_backend
 from gateway.config import Config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
 

@@ -3,7 +3,7 @@
 the gateway makes is in the surface's envelope (OpenAI's; Anthropic's on /v1/messages).
 
 ``CACHEGATE_FUZZ_CASES`` sets the number of cases (default 2,000; the acceptance run is 10,000:
-``CACHEGATE_FUZZ_CASES=10000 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_gateway_fuzz.py``).
+``CACHEGATE_FUZZ_CASES=10000 .venv/bin/python -m pytest -q -p no:cacheprovider tests/gateway/test_gateway_fuzz.py``).
 """
 
 from __future__ import annotations

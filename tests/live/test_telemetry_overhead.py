@@ -2,7 +2,7 @@
 tracing off, one sampling every request and exporting to a local OTLP receiver; sequential tiny
 streamed requests alternate between them, so both see the same machine load.
 
-    .venv/bin/python -m tests.test_telemetry_overhead 200     # the figures for docs/observability.md
+    .venv/bin/python -m tests.live.test_telemetry_overhead 200     # the figures for docs/observability.md
 
 The test runs a short version and checks that the comparison is sound (every traced request
 exported, nothing exported by the other); it prints the figures but sets no threshold on them.
@@ -24,7 +24,7 @@ import yaml
 
 from tests.fake_upstream import SERVED, FakeUpstream
 from tests.harness import run_gateway
-from tests.test_telemetry import OtlpReceiver
+from tests.gateway.test_telemetry import OtlpReceiver
 
 BODY = {"model": "kimi", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 8}
 

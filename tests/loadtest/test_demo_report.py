@@ -7,7 +7,7 @@ from pathlib import Path
 
 from loadtest.demo_report import meaning, verdict, write_demo_report
 from loadtest.fullscale import published
-from tests.test_report import _check_png
+from tests.loadtest.test_report import _check_png
 
 
 def _live() -> list[dict]:

@@ -14,7 +14,7 @@ import yaml
 
 from gateway.config import Config
 
-K8S = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 # 1.30 is the oldest release with the preStop `sleep` action; the newest is what the package bundles.
 VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 

@@ -20,7 +20,7 @@ from gateway.config import OverloadConfig
 from gateway.overload import Overload
 from tests.fake_upstream import FakeUpstream, script_events
 from tests.harness import run_gateway
-from tests.test_proxy import write_config
+from tests.gateway.test_proxy import write_config
 
 BODY = {"model": "kimi", "stream": True, "messages": [{"role": "user", "content": "hello"}]}
 

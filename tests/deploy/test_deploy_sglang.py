@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "deploy" / "sglang").glob("*.sh"))
 SGLANG_VERSION = "0.5.23"
 REQUIRED = ["--enable-metrics", "--enable-cache-report", "--enable-trace", "--otlp-traces-endpoint",

@@ -8,7 +8,7 @@ import pytest
 from backends.sim import profiles
 from backends.sim.engine import Engine, EngineRequest
 from backends.sim.profiles import get_profile
-from tests.test_engine import blocks, by_kind, run
+from tests.backends.test_engine import blocks, by_kind, run
 
 
 def first_token(e: Engine, rid: str, events: list) -> float:
