@@ -99,31 +99,59 @@ class Backend:
         return str(mode)
 
     def view(self) -> BackendView:
-        return BackendView(self.name, self.healthy, self.max_total_num_tokens, self.dp_size,
-                           self.running, self.waiting, self.token_usage,
-                           max_running_requests=self.max_running_requests, host_tokens=self.host_tokens,
-                           reload_tokens_per_s=self.reload_tokens_per_s, context_tokens=self.max_model_len)
+        return BackendView(
+            self.name,
+            self.healthy,
+            self.max_total_num_tokens,
+            self.dp_size,
+            self.running,
+            self.waiting,
+            self.token_usage,
+            max_running_requests=self.max_running_requests,
+            host_tokens=self.host_tokens,
+            reload_tokens_per_s=self.reload_tokens_per_s,
+            context_tokens=self.max_model_len,
+        )
 
 
 Listener = Callable[[str, list[BackendView]], None]
 
 
 class BackendPool:
-    def __init__(self, config: PoolConfig, keepalive_expiry_s: float = 3.0, *, polled: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: PoolConfig,
+        keepalive_expiry_s: float = 3.0,
+        *,
+        polled: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """``polled`` False: a pool that is never started, fed by its caller (the simulator)."""
         self.config = config
         n = max(1, sum(len(m.backends) for m in config.models.values()))
         # Its own connections: at most a check and a poll per backend at a time.
-        self.client: httpx.AsyncClient | None = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=2 * n + 2, max_keepalive_connections=2 * n + 2,
-                                keepalive_expiry=keepalive_expiry_s),
-            trust_env=False) if polled else None
+        self.client: httpx.AsyncClient | None = (
+            httpx.AsyncClient(
+                limits=httpx.Limits(
+                    max_connections=2 * n + 2, max_keepalive_connections=2 * n + 2, keepalive_expiry=keepalive_expiry_s
+                ),
+                trust_env=False,
+            )
+            if polled
+            else None
+        )
         self.models: dict[str, list[Backend]] = {
-            alias: [Backend(alias, b, config.upstream_model(alias),
-                            model_surfaces={str(k): str(v) for k, v in model.surfaces.items()},
-                            breaker=Breaker(**config.breaker), clock=clock)
-                    for b in model.backends]
+            alias: [
+                Backend(
+                    alias,
+                    b,
+                    config.upstream_model(alias),
+                    model_surfaces={str(k): str(v) for k, v in model.surfaces.items()},
+                    breaker=Breaker(**config.breaker),
+                    clock=clock,
+                )
+                for b in model.backends
+            ]
             for alias, model in config.models.items()
         }
         self._listeners: list[Listener] = []
@@ -156,8 +184,10 @@ class BackendPool:
 
     async def start(self) -> None:
         await asyncio.gather(*(self._check(b, first=True) for b in self.all()))
-        self._tasks = [asyncio.create_task(self._health_loop(), name="pool-health"),
-                       asyncio.create_task(self._load_loop(), name="pool-loads")]
+        self._tasks = [
+            asyncio.create_task(self._health_loop(), name="pool-health"),
+            asyncio.create_task(self._load_loop(), name="pool-loads"),
+        ]
 
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks)
@@ -177,8 +207,9 @@ class BackendPool:
 
     async def _get(self, backend: Backend, path: str) -> httpx.Response:
         assert self.client is not None, "a pool without a client is fed by its caller, never polled"
-        return await self.client.get(backend.url + path, headers=backend.headers(),
-                                     timeout=self.config.health.timeout_s)
+        return await self.client.get(
+            backend.url + path, headers=backend.headers(), timeout=self.config.health.timeout_s
+        )
 
     async def _check(self, backend: Backend, first: bool = False) -> None:
         try:
@@ -202,8 +233,12 @@ class BackendPool:
             dp = info.get("dp_size")
             backend.reported_dp_size = int(dp) if dp else None
             if backend.reported_dp_size and backend.dp_size not in (1, backend.reported_dp_size):
-                log.warning("backend %s: configured dp_size=%d but the server reports dp_size=%d",
-                            backend.name, backend.dp_size, backend.reported_dp_size)
+                log.warning(
+                    "backend %s: configured dp_size=%d but the server reports dp_size=%d",
+                    backend.name,
+                    backend.dp_size,
+                    backend.reported_dp_size,
+                )
             backend.max_model_len = int(info.get("max_model_len") or info.get("context_length") or 0)
             backend.info_fetched = True
         except (httpx.HTTPError, ValueError, TypeError) as exc:
@@ -219,8 +254,13 @@ class BackendPool:
                     if card["id"] == backend.upstream_model and isinstance(window, int) and window > 0:
                         backend.max_model_len = window
                 if backend.upstream_model not in backend.served_models:
-                    log.warning("backend %s serves %s, not the configured upstream model %r (model %r)",
-                                backend.name, backend.served_models, backend.upstream_model, backend.model)
+                    log.warning(
+                        "backend %s serves %s, not the configured upstream model %r (model %r)",
+                        backend.name,
+                        backend.served_models,
+                        backend.upstream_model,
+                        backend.model,
+                    )
             except (httpx.HTTPError, ValueError, AttributeError) as exc:
                 log.warning("backend %s: could not read /v1/models: %s", backend.name, exc)
 

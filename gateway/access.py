@@ -111,8 +111,14 @@ def configure_access_log(fmt: AccessFormat) -> None:
 class AccessLog:
     """ASGI middleware: records, logs and counts every HTTP request."""
 
-    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute], metrics: Metrics, fmt: AccessFormat = "text",
-                 self_reporting: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        routes: Sequence[BaseRoute],
+        metrics: Metrics,
+        fmt: AccessFormat = "text",
+        self_reporting: Collection[str] = (),
+    ) -> None:
         self.app = app
         self.routes = routes
         self.metrics = metrics

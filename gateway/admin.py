@@ -25,8 +25,11 @@ TEAM_FIELDS = set(TeamConfig.model_fields)
 
 def _authorize(gw: Gateway, request: Request) -> None:
     if not gw.admin_token:
-        raise GatewayError(404, "The admin API is off: start the gateway with --admin-token or "
-                                f"${gw.config.admin_token_env}.", "admin_disabled")
+        raise GatewayError(
+            404,
+            f"The admin API is off: start the gateway with --admin-token or ${gw.config.admin_token_env}.",
+            "admin_disabled",
+        )
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not check_token(token.strip(), gw.admin_token):
@@ -34,6 +37,7 @@ def _authorize(gw: Gateway, request: Request) -> None:
 
 
 # ----- views ---------------------------------------------------------------------------------------
+
 
 def team_limits(gw: Gateway, name: str) -> dict[str, Any]:
     """The limits in force for team ``name`` (runtime changes over the config's, or the default's)."""
@@ -49,16 +53,33 @@ def team_limits(gw: Gateway, name: str) -> dict[str, Any]:
 
 def team_view(gw: Gateway, name: str) -> dict[str, Any]:
     state = gw.core.teams.get(name)
-    return {"team": name, "limits": team_limits(gw, name),
-            "inflight": state.inflight if state else 0, "waiting": state.waiting if state else 0}
+    return {
+        "team": name,
+        "limits": team_limits(gw, name),
+        "inflight": state.inflight if state else 0,
+        "waiting": state.waiting if state else 0,
+    }
 
 
 def state_view(gw: Gateway) -> dict[str, Any]:
-    backends = {b.name: {"model": b.model, "healthy": b.healthy, "running": b.running, "waiting": b.waiting,
-                         "token_usage": b.token_usage, "max_total_num_tokens": b.max_total_num_tokens}
-                for b in (gw.pool.all() if gw.pool else [])}
-    return {"policy": gw.config.policy, "state": gw.state.status(), "core": gw.core.snapshot(),
-            "backends": backends, "waiting": gw.dispatcher.waiting}
+    backends = {
+        b.name: {
+            "model": b.model,
+            "healthy": b.healthy,
+            "running": b.running,
+            "waiting": b.waiting,
+            "token_usage": b.token_usage,
+            "max_total_num_tokens": b.max_total_num_tokens,
+        }
+        for b in (gw.pool.all() if gw.pool else [])
+    }
+    return {
+        "policy": gw.config.policy,
+        "state": gw.state.status(),
+        "core": gw.core.snapshot(),
+        "backends": backends,
+        "waiting": gw.dispatcher.waiting,
+    }
 
 
 def describe_limits(limits: TeamLimits) -> dict[str, Any]:
@@ -66,6 +87,7 @@ def describe_limits(limits: TeamLimits) -> dict[str, Any]:
 
 
 # ----- routes --------------------------------------------------------------------------------------
+
 
 def routes(gw: Gateway) -> list[Route]:
     async def get_team(request: Request) -> Response:
@@ -84,20 +106,26 @@ def routes(gw: Gateway) -> list[Route]:
             raise GatewayError(400, "The body must be a JSON object of team limits.", "invalid_request")
         unknown = sorted(set(body) - TEAM_FIELDS)
         if unknown:
-            raise GatewayError(400, f"Unknown team field(s): {', '.join(unknown)}; known: "
-                                    f"{', '.join(sorted(TEAM_FIELDS))}.", "invalid_request", unknown[0])
+            raise GatewayError(
+                400,
+                f"Unknown team field(s): {', '.join(unknown)}; known: {', '.join(sorted(TEAM_FIELDS))}.",
+                "invalid_request",
+                unknown[0],
+            )
         current = team_limits(gw, name)
         try:
             merged = TeamConfig.model_validate({**current, **body})
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise GatewayError(400, f"Invalid team limits: {first['msg']}.", "invalid_request",
-                               ".".join(str(p) for p in first["loc"])) from None
+            raise GatewayError(
+                400, f"Invalid team limits: {first['msg']}.", "invalid_request", ".".join(str(p) for p in first["loc"])
+            ) from None
         try:
             await gw.state.set_team(name, merged.model_dump())
         except (RedisError, OSError) as exc:
-            raise GatewayError(503, f"Could not store the change in Redis: {type(exc).__name__}.",
-                               "state_unavailable") from None
+            raise GatewayError(
+                503, f"Could not store the change in Redis: {type(exc).__name__}.", "state_unavailable"
+            ) from None
         return JSONResponse(team_view(gw, name))
 
     async def state(request: Request) -> Response:

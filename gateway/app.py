@@ -34,6 +34,7 @@ from gateway.worker import Gateway
 
 log = logging.getLogger("cachegate")
 
+
 def default_surfaces() -> tuple[Surface, ...]:
     """Every client surface on the request path (``gateway/surface.py`` says how to add one); new
     instances per app, since the Responses surface holds a worker's store and running streams."""
@@ -45,8 +46,12 @@ ALSO_AT = {"/v1/messages": "/messages"}
 there, others (opencode) post ``/messages``."""
 
 
-def create_app(config: Config, metrics: Metrics | None = None, admin_token: str | None = None,
-               surfaces: Sequence[Surface] | None = None) -> Starlette:
+def create_app(
+    config: Config,
+    metrics: Metrics | None = None,
+    admin_token: str | None = None,
+    surfaces: Sequence[Surface] | None = None,
+) -> Starlette:
     """The app for one worker; ``surfaces`` are the client APIs on the request path."""
     gw = Gateway(config, metrics, admin_token)
     surfaces = default_surfaces() if surfaces is None else tuple(surfaces)
@@ -59,13 +64,17 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        backends = {b.name: {"healthy": b.healthy, "model": b.model, "error": b.last_error or None}
-                    for b in (gw.pool.all() if gw.pool else [])}
+        backends = {
+            b.name: {"healthy": b.healthy, "model": b.model, "error": b.last_error or None}
+            for b in (gw.pool.all() if gw.pool else [])
+        }
         ready = gw.pool is not None and gw.pool.any_healthy()
         if not exposure.may_see(gw, request):
             return JSONResponse({"status": "ready" if ready else "not ready"}, status_code=200 if ready else 503)
-        return JSONResponse({"status": "ready" if ready else "not ready", "backends": backends,
-                             "state": gw.state.status()}, status_code=200 if ready else 503)
+        return JSONResponse(
+            {"status": "ready" if ready else "not ready", "backends": backends, "state": gw.state.status()},
+            status_code=200 if ready else 503,
+        )
 
     async def metrics_endpoint(request: Request) -> Response:
         exposure.guard(gw, request, metrics=True)
@@ -81,8 +90,9 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
         if exc.status_code == 404:
             err = GatewayError(404, f"Unknown request URL: {request.method} {request.url.path}", "unknown_url")
         elif exc.status_code == 405:
-            err = GatewayError(405, f"Method {request.method} is not allowed on {request.url.path}.",
-                               "method_not_allowed")
+            err = GatewayError(
+                405, f"Method {request.method} is not allowed on {request.url.path}.", "method_not_allowed"
+            )
         else:
             err = GatewayError(exc.status_code, str(exc.detail), None)
         return error_response(err)
@@ -115,12 +125,15 @@ def create_app(config: Config, metrics: Metrics | None = None, admin_token: str 
         *admin.routes(gw),
     ]
     configure_access_log(config.access_log)
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(AccessLog, routes=routes, metrics=gw.metrics, fmt=config.access_log,
-                                           self_reporting=direct),
-                                Middleware(OverloadGuard, overload=gw.overload, on_shed=gw.shed, direct=direct)],
-                    exception_handlers={GatewayError: on_gateway_error, HTTPException: on_http_error,
-                                        Exception: on_crash})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[
+            Middleware(AccessLog, routes=routes, metrics=gw.metrics, fmt=config.access_log, self_reporting=direct),
+            Middleware(OverloadGuard, overload=gw.overload, on_shed=gw.shed, direct=direct),
+        ],
+        exception_handlers={GatewayError: on_gateway_error, HTTPException: on_http_error, Exception: on_crash},
+    )
     app.state.gateway = gw
     return app
 

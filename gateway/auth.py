@@ -31,8 +31,9 @@ class KeyStore:
             return "default"
         keys = presented_keys(headers)
         if not keys:
-            raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <key>', 'x-api-key' or "
-                                    "'api-key'.", "missing_api_key")
+            raise GatewayError(
+                401, "Missing API key: send 'Authorization: Bearer <key>', 'x-api-key' or 'api-key'.", "missing_api_key"
+            )
         team = None
         for key in keys:
             digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
@@ -75,5 +76,4 @@ def check_token(presented: str | None, expected: str | None) -> bool:
     """Constant-time check of an admin token (False when the admin API is off)."""
     if not expected or not presented:
         return False
-    return hmac.compare_digest(hashlib.sha256(presented.encode()).digest(),
-                               hashlib.sha256(expected.encode()).digest())
+    return hmac.compare_digest(hashlib.sha256(presented.encode()).digest(), hashlib.sha256(expected.encode()).digest())

@@ -85,8 +85,9 @@ def routes(gw: Gateway) -> list[Route]:
         if record is None:
             raise GatewayError(404, f"No response found with id '{rid}'.", "response_not_found")
         if record.status != "cancelled":
-            raise GatewayError(400, f"Cannot cancel a response with status '{record.status}'.",
-                               "response_not_cancellable")
+            raise GatewayError(
+                400, f"Cannot cancel a response with status '{record.status}'.", "response_not_cancellable"
+            )
         gw.responses.cancel_local(rid)
         return Response(orjson.dumps({**record.response, "status": "cancelled"}), media_type="application/json")
 
@@ -99,14 +100,22 @@ def routes(gw: Gateway) -> list[Route]:
             return JSONResponse(ms.count_tokens(body, gw.estimator.ratio))
         except GatewayError as err:
             headers = {**err.headers, **({"x-cachegate-code": err.code} if err.code else {})}
-            return Response(ms.error_body(err.status, err.message, err.code), err.status,
-                            headers=headers, media_type="application/json")
+            return Response(
+                ms.error_body(err.status, err.message, err.code),
+                err.status,
+                headers=headers,
+                media_type="application/json",
+            )
 
     async def root(request: Request) -> Response:
         if request.method == "HEAD":
             return Response(status_code=200)
-        return JSONResponse({"service": "cachegate", "routes": ["/v1/chat/completions", "/v1/completions",
-                                                                "/v1/responses", "/v1/messages", "/v1/models"]})
+        return JSONResponse(
+            {
+                "service": "cachegate",
+                "routes": ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models"],
+            }
+        )
 
     return [
         Route("/v1/models", models, methods=["GET"]),

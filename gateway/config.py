@@ -97,18 +97,47 @@ class UpstreamConfig(_Strict):
 
 # Policy parameters: each section's fields are the policy's own (names, types, defaults: see
 # gateway/params.py); only their bounds are here. Unset entries keep the policy's default.
-AdmissionSection = section_model(SeatParams, "AdmissionSection", {
-    "admit_water": {"gt": 0, "le": 1}, "high_water": {"gt": 0, "le": 1}, "quantum_s": {"gt": 0},
-    "min_hold_s": {"ge": 0}, "idle_release_s": {"gt": 0}, "default_output": {"ge": 1}, "output_clip": {"ge": 1},
-    "rotate_on": {"pattern": "^(waiter|seat)$"}})
+AdmissionSection = section_model(
+    SeatParams,
+    "AdmissionSection",
+    {
+        "admit_water": {"gt": 0, "le": 1},
+        "high_water": {"gt": 0, "le": 1},
+        "quantum_s": {"gt": 0},
+        "min_hold_s": {"ge": 0},
+        "idle_release_s": {"gt": 0},
+        "default_output": {"ge": 1},
+        "output_clip": {"ge": 1},
+        "rotate_on": {"pattern": "^(waiter|seat)$"},
+    },
+)
 """``admission:``: ``policies/admission.py::SeatParams`` (the ``gateway`` stack's seats)."""
-RouterSection = section_model(MinTTFT, "RouterSection", {
-    "tie_rel": {"ge": 0}, "tie_abs_s": {"ge": 0}, "gate_ratio": {"ge": 1}, "gate_slack": {"ge": 0},
-    "load_factor": {"ge": 1}, "learn_alpha": {"gt": 0, "le": 1}, "default_capacity": {"ge": 1}})
+RouterSection = section_model(
+    MinTTFT,
+    "RouterSection",
+    {
+        "tie_rel": {"ge": 0},
+        "tie_abs_s": {"ge": 0},
+        "gate_ratio": {"ge": 1},
+        "gate_slack": {"ge": 0},
+        "load_factor": {"ge": 1},
+        "learn_alpha": {"gt": 0, "le": 1},
+        "default_capacity": {"ge": 1},
+    },
+)
 """``router:``: keyword parameters of ``policies/routers/min_ttft.py::MinTTFT`` (the ``gateway`` stack's router)."""
-BreakerSection = section_model(Breaker, "BreakerSection", {
-    "consecutive_failures": {"ge": 1}, "error_rate": {"gt": 0, "le": 1}, "window": {"ge": 1},
-    "min_samples": {"ge": 1}, "open_s": {"gt": 0}, "max_open_s": {"gt": 0}})
+BreakerSection = section_model(
+    Breaker,
+    "BreakerSection",
+    {
+        "consecutive_failures": {"ge": 1},
+        "error_rate": {"gt": 0, "le": 1},
+        "window": {"ge": 1},
+        "min_samples": {"ge": 1},
+        "open_s": {"gt": 0},
+        "max_open_s": {"gt": 0},
+    },
+)
 """``breaker:``: keyword parameters of ``policies/breaker.py::Breaker`` (one per backend)."""
 
 
@@ -241,8 +270,11 @@ class _ListenEnv(PydanticBaseSettingsSource):
         return None, field_name, False  # unused: __call__ answers for the whole section
 
     def __call__(self) -> dict[str, Any]:
-        listen = {key: os.environ[f"CACHEGATE_{key.upper()}"] for key in ("host", "port")
-                  if f"CACHEGATE_{key.upper()}" in os.environ}
+        listen = {
+            key: os.environ[f"CACHEGATE_{key.upper()}"]
+            for key in ("host", "port")
+            if f"CACHEGATE_{key.upper()}" in os.environ
+        }
         return {"listen": listen} if listen else {}
 
 
@@ -256,8 +288,11 @@ class _Sourced(BaseSettings, Config):
 
     @classmethod
     def settings_customise_sources(
-        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, _ListenEnv(settings_cls), env_settings]
@@ -294,8 +329,17 @@ def load_config(
         loaded = yaml.safe_load(Path(path).read_text())
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{path}: the top level must be a mapping")
-    flags: dict[str, Any] = {k: v for k, v in (("redis_url", redis_url), ("workers", workers), ("policy", policy),
-                                               ("log_level", log_level), ("access_log", access_log)) if v is not None}
+    flags: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("redis_url", redis_url),
+            ("workers", workers),
+            ("policy", policy),
+            ("log_level", log_level),
+            ("access_log", access_log),
+        )
+        if v is not None
+    }
     listen = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
     if listen:
         flags["listen"] = listen

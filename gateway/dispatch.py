@@ -24,8 +24,13 @@ class Refused(Exception):
 
 
 class Dispatcher:
-    def __init__(self, core: DecisionCore, clock: Callable[[], float] = time.monotonic,
-                 tick_s: float = 0.1, state: MemoryState | RedisState | None = None) -> None:
+    def __init__(
+        self,
+        core: DecisionCore,
+        clock: Callable[[], float] = time.monotonic,
+        tick_s: float = 0.1,
+        state: MemoryState | RedisState | None = None,
+    ) -> None:
         self.core = core
         self.clock = clock
         self.tick_s = tick_s
@@ -136,8 +141,7 @@ class Dispatcher:
             if future is None or future.done():
                 if isinstance(decision, Dispatch):
                     # Its client already left: nothing will use this dispatch.
-                    self._apply(self.core.finish(decision.rid, Outcome(ok=False, reached_backend=False),
-                                                 self.clock()))
+                    self._apply(self.core.finish(decision.rid, Outcome(ok=False, reached_backend=False), self.clock()))
                 continue
             if self.on_decision:
                 self.on_decision(decision)

@@ -28,8 +28,14 @@ _TYPES = {
 class GatewayError(Exception):
     """An error answered to the client in the OpenAI envelope."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -39,8 +45,7 @@ class GatewayError(Exception):
 
 
 def envelope(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param,
-                      "code": code}}
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
 
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> bytes:
@@ -48,5 +53,9 @@ def error_body(status: int, message: str, code: str | None = None, param: str | 
 
 
 def error_response(err: GatewayError) -> Response:
-    return Response(error_body(err.status, err.message, err.code, err.param), status_code=err.status,
-                    media_type="application/json", headers=err.headers)
+    return Response(
+        error_body(err.status, err.message, err.code, err.param),
+        status_code=err.status,
+        media_type="application/json",
+        headers=err.headers,
+    )

@@ -49,8 +49,9 @@ class MetricsServer:
         port = self.gw.config.endpoints.metrics_port
         if port is None:
             return
-        self.server = await asyncio.start_server(self._handle, self.gw.config.listen.host, port,
-                                                 reuse_port=True, limit=16 * 1024)
+        self.server = await asyncio.start_server(
+            self._handle, self.gw.config.listen.host, port, reuse_port=True, limit=16 * 1024
+        )
         log.info("metrics on http://%s:%d/metrics", self.gw.config.listen.host, port)
 
     async def stop(self) -> None:
@@ -64,8 +65,10 @@ class MetricsServer:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.gw.config.server.header_timeout_s)
             lines = head.decode("latin-1").split("\r\n")
             method, path, *_ = [*lines[0].split(" "), "", ""]
-            headers = [(k.strip().lower().encode("latin-1"), v.strip().encode("latin-1"))
-                       for k, _, v in (line.partition(":") for line in lines[1:] if line)]
+            headers = [
+                (k.strip().lower().encode("latin-1"), v.strip().encode("latin-1"))
+                for k, _, v in (line.partition(":") for line in lines[1:] if line)
+            ]
             request = Request({"type": "http", "headers": headers, "method": method, "path": path})
             if method != "GET" or path.split("?")[0] != "/metrics":
                 status, body, ctype = b"404 Not Found", b"not found\n", "text/plain"
@@ -74,8 +77,16 @@ class MetricsServer:
             else:
                 status = b"200 OK"
                 body, ctype = self.gw.metrics.exposition(request.headers.get("accept", ""))
-            writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: " + ctype.encode() + b"\r\ncontent-length: "
-                         + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+            writer.write(
+                b"HTTP/1.1 "
+                + status
+                + b"\r\ncontent-type: "
+                + ctype.encode()
+                + b"\r\ncontent-length: "
+                + str(len(body)).encode()
+                + b"\r\nconnection: close\r\n\r\n"
+                + body
+            )
             await writer.drain()
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
             pass

@@ -51,8 +51,13 @@ class HeldOpen:
     async def _run(self) -> None:
         await asyncio.sleep(self.after_s)
         self.opened = True
-        await self._send({"type": "http.response.start", "status": 200,
-                          "headers": [*SSE_HEADERS, (b"x-request-id", self.rid.encode())]})
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*SSE_HEADERS, (b"x-request-id", self.rid.encode())],
+            }
+        )
         while True:
             await self._send({"type": "http.response.body", "body": self.surface.waiting(), "more_body": True})
             await asyncio.sleep(self.every_s)

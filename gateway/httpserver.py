@@ -56,8 +56,10 @@ def limits() -> Limits:
 
 def refusal(status: int, message: str, code: str) -> bytes:
     body = error_body(status, message, code)
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-            % (status, _REASONS[status], len(body))) + body
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        % (status, _REASONS[status], len(body))
+    ) + body
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -98,8 +100,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._timer = None
         if self.cycle is not None and not self.cycle.response_complete and not self._reading_head:
             return  # a request is being served: its own timeouts apply
-        self._refuse(408, f"The request headers did not arrive within {self._lim.header_timeout_s:g} s.",
-                     "request_timeout")
+        self._refuse(
+            408, f"The request headers did not arrive within {self._lim.header_timeout_s:g} s.", "request_timeout"
+        )
 
     def _body_timeout(self) -> None:
         self._timer = None
@@ -129,8 +132,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(*(self._refusal or (400, "Invalid HTTP request.", "invalid_http")))
             return
         if self._reading_head and self._head_bytes > self._lim.max_header_bytes:
-            self._refuse(431, f"The request line and headers pass {self._lim.max_header_bytes} bytes.",
-                         "headers_too_large")
+            self._refuse(
+                431, f"The request line and headers pass {self._lim.max_header_bytes} bytes.", "headers_too_large"
+            )
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

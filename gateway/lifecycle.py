@@ -163,8 +163,13 @@ class RequestPath:
         trace.facts(facts.prompt_tokens)
         m.queued.labels(team).inc()
         trace.admission_started()
-        held = HeldOpen(send, self.surface, rid, gw.config.queue_open_after_s if req.stream else 0.0,
-                        gw.config.upstream.sse_keepalive_s)
+        held = HeldOpen(
+            send,
+            self.surface,
+            rid,
+            gw.config.queue_open_after_s if req.stream else 0.0,
+            gw.config.upstream.sse_keepalive_s,
+        )
         held.start()
         send = held.send
         try:

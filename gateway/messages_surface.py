@@ -54,8 +54,14 @@ class MessagesSurface(Surface):
         body = ms.load_body(raw)
         check_shape(body)  # bounded depth and sizes: a 400, never a 500 (gateway/openai.py)
         chat = ms.to_chat(body)
-        return ClientRequest(model=chat.model, stream=chat.stream, max_tokens=chat.chat.get("max_tokens"),
-                             prompt=chat.chat, body=body, native=MessagesRun(body, chat))
+        return ClientRequest(
+            model=chat.model,
+            stream=chat.stream,
+            max_tokens=chat.chat.get("max_tokens"),
+            prompt=chat.chat,
+            body=body,
+            native=MessagesRun(body, chat),
+        )
 
     def error(self, err: GatewayError) -> ErrorReply:
         headers = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
@@ -83,8 +89,7 @@ class MessagesSurface(Surface):
             if target.rank is not None:  # SGLang's AnthropicMessagesRequest has the PD/DP routing fields
                 body["routed_dp_rank"] = target.rank
             headers = {k: req.headers[k] for k in FORWARDED if k in req.headers}
-            return UpstreamCall(ROUTE, orjson.dumps(body), NativeRelay("messages", ms.reshape_upstream_error),
-                                headers)
+            return UpstreamCall(ROUTE, orjson.dumps(body), NativeRelay("messages", ms.reshape_upstream_error), headers)
         chat = dict(run.req.chat)
         chat["model"] = target.upstream_model
         if target.rank is not None:

@@ -100,53 +100,120 @@ class Metrics:
         self.multiprocess_dir = multiprocess_dir()
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter("cachegate_requests", "Requests answered, by status code.",
-                                ["team", "model", "backend", "status"], registry=r)
-        self.http_requests = Counter("cachegate_http_requests",
-                                     "Every HTTP request, by method, route template (or unknown) and status.",
-                                     ["method", "route", "status"], registry=r)
-        self.ttft = Histogram("cachegate_ttft_seconds", "Time to first generated token, from arrival.",
-                              ["team", "model", "backend"], buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram("cachegate_inter_token_latency_seconds",
-                             "Mean time between output tokens of a stream after the first.",
-                             ["team", "model", "backend"], buckets=ITL_BUCKETS, registry=r)
-        self.duration = Histogram("cachegate_request_duration_seconds", "End-to-end request latency.",
-                                  ["team", "model", "backend"], buckets=E2E_BUCKETS, registry=r)
-        self.queue_wait = Histogram("cachegate_queue_wait_seconds", "Time spent waiting in admission.",
-                                    ["team", "model"], buckets=WAIT_BUCKETS, registry=r)
-        self.inflight = Gauge("cachegate_inflight_requests", "Requests dispatched and not finished.",
-                              ["team"], registry=r, multiprocess_mode="livesum")
-        self.queued = Gauge("cachegate_queued_requests", "Requests waiting in admission.", ["team"],
-                            registry=r, multiprocess_mode="livesum")
-        self.tokens = Counter("cachegate_tokens", "Tokens by kind (input includes cached).",
-                              ["team", "model", "kind"], registry=r)
-        self.refusals = Counter("cachegate_admission_refusals", "Requests refused by admission.",
-                                ["team", "reason"], registry=r)
-        self.routes = Counter("cachegate_route_decisions", "Routing decisions by reason.",
-                              ["model", "backend", "reason"], registry=r)
-        self.upstream_errors = Counter("cachegate_upstream_errors", "Failures talking to a backend.",
-                                       ["backend", "kind"], registry=r)
-        self.backend_healthy = Gauge("cachegate_backend_healthy", "1 when the backend is in rotation.",
-                                     ["backend"], registry=r,
-                                     multiprocess_mode="livemostrecent")
-        self.backend_breaker = Gauge("cachegate_backend_breaker_state",
-                                     "Circuit breaker: 0 closed, 1 half-open, 2 open.", ["backend"],
-                                     registry=r, multiprocess_mode="livemostrecent")
-        self.backend_kv = Gauge("cachegate_backend_kv_usage", "KV token usage as last polled (0-1).",
-                                ["backend"], registry=r,
-                                     multiprocess_mode="livemostrecent")
-        self.backend_running = Gauge("cachegate_backend_running", "Running requests as last polled.",
-                                     ["backend"], registry=r,
-                                     multiprocess_mode="livemostrecent")
-        self.backend_waiting = Gauge("cachegate_backend_waiting", "Waiting requests as last polled.",
-                                     ["backend"], registry=r,
-                                     multiprocess_mode="livemostrecent")
-        self.backend_hit = Gauge("cachegate_backend_cache_hit_rate", "Prefix cache hit rate as last polled.",
-                                 ["backend"], registry=r,
-                                     multiprocess_mode="livemostrecent")
-        self.redis_degraded = Gauge("cachegate_redis_degraded",
-                                    "1 when Redis is unreachable and limits are split per replica.",
-                                    registry=r, multiprocess_mode="livemax")
+        self.requests = Counter(
+            "cachegate_requests",
+            "Requests answered, by status code.",
+            ["team", "model", "backend", "status"],
+            registry=r,
+        )
+        self.http_requests = Counter(
+            "cachegate_http_requests",
+            "Every HTTP request, by method, route template (or unknown) and status.",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "cachegate_ttft_seconds",
+            "Time to first generated token, from arrival.",
+            ["team", "model", "backend"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "cachegate_inter_token_latency_seconds",
+            "Mean time between output tokens of a stream after the first.",
+            ["team", "model", "backend"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "cachegate_request_duration_seconds",
+            "End-to-end request latency.",
+            ["team", "model", "backend"],
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "cachegate_queue_wait_seconds",
+            "Time spent waiting in admission.",
+            ["team", "model"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "cachegate_inflight_requests",
+            "Requests dispatched and not finished.",
+            ["team"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.queued = Gauge(
+            "cachegate_queued_requests",
+            "Requests waiting in admission.",
+            ["team"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.tokens = Counter(
+            "cachegate_tokens", "Tokens by kind (input includes cached).", ["team", "model", "kind"], registry=r
+        )
+        self.refusals = Counter(
+            "cachegate_admission_refusals", "Requests refused by admission.", ["team", "reason"], registry=r
+        )
+        self.routes = Counter(
+            "cachegate_route_decisions", "Routing decisions by reason.", ["model", "backend", "reason"], registry=r
+        )
+        self.upstream_errors = Counter(
+            "cachegate_upstream_errors", "Failures talking to a backend.", ["backend", "kind"], registry=r
+        )
+        self.backend_healthy = Gauge(
+            "cachegate_backend_healthy",
+            "1 when the backend is in rotation.",
+            ["backend"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.backend_breaker = Gauge(
+            "cachegate_backend_breaker_state",
+            "Circuit breaker: 0 closed, 1 half-open, 2 open.",
+            ["backend"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.backend_kv = Gauge(
+            "cachegate_backend_kv_usage",
+            "KV token usage as last polled (0-1).",
+            ["backend"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.backend_running = Gauge(
+            "cachegate_backend_running",
+            "Running requests as last polled.",
+            ["backend"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.backend_waiting = Gauge(
+            "cachegate_backend_waiting",
+            "Waiting requests as last polled.",
+            ["backend"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.backend_hit = Gauge(
+            "cachegate_backend_cache_hit_rate",
+            "Prefix cache hit rate as last polled.",
+            ["backend"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.redis_degraded = Gauge(
+            "cachegate_redis_degraded",
+            "1 when Redis is unreachable and limits are split per replica.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
 
     def init_labels(self, teams: Iterable[str], backends: Iterable[str]) -> None:
         """Export the refusal and upstream-error series at zero from the start, so that ``rate()``

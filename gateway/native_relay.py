@@ -33,9 +33,11 @@ def responses_usage_to_chat(usage: Any) -> dict[str, Any] | None:
     if not isinstance(usage, dict):
         return None
     details = usage.get("input_tokens_details") or {}
-    return {"prompt_tokens": int(usage.get("input_tokens") or 0),
-            "completion_tokens": int(usage.get("output_tokens") or 0),
-            "prompt_tokens_details": {"cached_tokens": int(details.get("cached_tokens") or 0)}}
+    return {
+        "prompt_tokens": int(usage.get("input_tokens") or 0),
+        "completion_tokens": int(usage.get("output_tokens") or 0),
+        "prompt_tokens_details": {"cached_tokens": int(details.get("cached_tokens") or 0)},
+    }
 
 
 def messages_usage_to_chat(usage: Any, known: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -46,8 +48,9 @@ def messages_usage_to_chat(usage: Any, known: dict[str, Any] | None = None) -> d
     out = dict(known or {"prompt_tokens": 0, "completion_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}})
     if "input_tokens" in usage or "cache_read_input_tokens" in usage:
         cached = int(usage.get("cache_read_input_tokens") or 0)
-        out["prompt_tokens"] = (int(usage.get("input_tokens") or 0) + cached
-                                + int(usage.get("cache_creation_input_tokens") or 0))
+        out["prompt_tokens"] = (
+            int(usage.get("input_tokens") or 0) + cached + int(usage.get("cache_creation_input_tokens") or 0)
+        )
         out["prompt_tokens_details"] = {"cached_tokens": cached}
     if "output_tokens" in usage:
         out["completion_tokens"] = int(usage.get("output_tokens") or 0)
@@ -104,10 +107,12 @@ class NativeWatch(StreamWatch):
 
     def _generated(self, kind: str, payload: dict[str, Any]) -> bool:
         if self.kind == "responses":
-            return kind.endswith(".delta") or (kind == "response.output_item.added"
-                                                and (payload.get("item") or {}).get("type") == "function_call")
-        return kind == "content_block_delta" or (kind == "content_block_start"
-                                                 and (payload.get("content_block") or {}).get("type") == "tool_use")
+            return kind.endswith(".delta") or (
+                kind == "response.output_item.added" and (payload.get("item") or {}).get("type") == "function_call"
+            )
+        return kind == "content_block_delta" or (
+            kind == "content_block_start" and (payload.get("content_block") or {}).get("type") == "tool_use"
+        )
 
 
 def _payload(event: bytes) -> Any:
@@ -137,8 +142,9 @@ class _Native(SseFilter):
     def broken(self, status: int, message: str, code: str) -> bytes:
         if self.kind == "messages":
             return sse_event("error", error_envelope(status, message, code))
-        return sse_event("error", {"type": "error", "code": code, "message": message, "param": None,
-                                   "sequence_number": 0})
+        return sse_event(
+            "error", {"type": "error", "code": code, "message": message, "param": None, "sequence_number": 0}
+        )
 
 
 class NativeRelay(Relay):
@@ -146,8 +152,9 @@ class NativeRelay(Relay):
     ``done(final, ok)`` (async) hears the final object: the Response or Message, and whether it
     completed."""
 
-    def __init__(self, kind: str, reshape: Reshape,
-                 done: Callable[[dict[str, Any] | None, bool], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self, kind: str, reshape: Reshape, done: Callable[[dict[str, Any] | None, bool], Awaitable[None]] | None = None
+    ) -> None:
         self.kind = kind
         self.reshape = reshape
         self.done = done
@@ -160,13 +167,13 @@ class NativeRelay(Relay):
         if self.done is not None:
             await self.done(watch.final, watch.finished)
 
-    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
-                    ctx: RelayContext) -> None:
+    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         if status == 200:
             body = _json(payload)
             usage = body.get("usage") if isinstance(body, dict) else None
-            ctx.result.usage = (responses_usage_to_chat(usage) if self.kind == "responses"
-                                else messages_usage_to_chat(usage))
+            ctx.result.usage = (
+                responses_usage_to_chat(usage) if self.kind == "responses" else messages_usage_to_chat(usage)
+            )
             if ctx.result.completion_tokens:
                 ctx.result.first_token_at = time.monotonic()
                 ctx.first_token()

@@ -96,8 +96,7 @@ def _check_messages(body: dict[str, Any]) -> int:
             raise _bad(f"'messages[{i}].role' is required and must be a string.", f"messages[{i}].role")
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
-            raise _bad(f"'messages[{i}].content' must be a string, an array or null.",
-                       f"messages[{i}].content")
+            raise _bad(f"'messages[{i}].content' must be a string, an array or null.", f"messages[{i}].content")
         size += _text_size(content) + _text_size(message.get("tool_calls"))
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
@@ -113,8 +112,11 @@ def _check_prompt(body: dict[str, Any]) -> int:
         if not prompt:
             raise _bad("'prompt' must not be empty.", "prompt")
         return len(prompt.encode())
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str | int) and not isinstance(p, bool)
-                                                   for p in prompt):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(p, str | int) and not isinstance(p, bool) for p in prompt)
+    ):
         return _text_size(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
         return _text_size(prompt)
@@ -157,8 +159,7 @@ def check_shape(body: Any) -> None:
 
 
 def _too_complex(what: str, path: str) -> GatewayError:
-    return GatewayError(400, f"The request body is too complex: {what}.", "request_too_complex",
-                        path[:200] or None)
+    return GatewayError(400, f"The request body is too complex: {what}.", "request_too_complex", path[:200] or None)
 
 
 def _text_size(value: Any) -> int:

@@ -110,8 +110,12 @@ class Overload:
             body = orjson.dumps({"type": "error", "error": {"type": "overloaded_error", "message": message}})
         else:
             body = error_body(503, message, CODE)
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"retry-after", str(self.config.retry_after_s).encode()), (b"x-cachegate-code", CODE.encode())]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(self.config.retry_after_s).encode()),
+            (b"x-cachegate-code", CODE.encode()),
+        ]
         return headers, body
 
 
@@ -139,8 +143,13 @@ class OverloadGuard:
     middleware). Without ``direct``, POSTs under ``SHED_PATHS`` are shed in OpenAI's envelope
     (Anthropic's on /v1/messages)."""
 
-    def __init__(self, app: ASGIApp, overload: Overload, on_shed: Callable[[Headers, str], None],
-                 direct: Mapping[str, Sheddable] | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        overload: Overload,
+        on_shed: Callable[[Headers, str], None],
+        direct: Mapping[str, Sheddable] | None = None,
+    ) -> None:
         self.app = app
         self.overload = overload
         self.on_shed = on_shed
@@ -164,8 +173,11 @@ class OverloadGuard:
             ov.last_shed = now
             ov.shed += 1
             self.on_shed(Headers(scope=scope), reason)
-            headers, body = (ov.refusal(path) if endpoint is None
-                             else endpoint.overloaded(MESSAGE, self.overload.config.retry_after_s))
+            headers, body = (
+                ov.refusal(path)
+                if endpoint is None
+                else endpoint.overloaded(MESSAGE, self.overload.config.retry_after_s)
+            )
             access_record(scope).status = 503  # the access log does not watch a direct route's sends
             await send({"type": "http.response.start", "status": 503, "headers": headers})
             await send({"type": "http.response.body", "body": body, "more_body": False})

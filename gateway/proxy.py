@@ -61,8 +61,9 @@ class Result:
 def _generated(choice: dict[str, Any]) -> bool:
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                    or delta.get("tool_calls"))
+        return bool(
+            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or delta.get("tool_calls")
+        )
     return bool(choice.get("text"))
 
 
@@ -131,8 +132,9 @@ async def read_body(response: WireResponse, limit: int = 64 * 1024 * 1024) -> by
     return b"".join(parts)
 
 
-async def send_bytes(send: Send, status: int, body: bytes, content_type: bytes,
-                     extra_headers: list[tuple[bytes, bytes]]) -> None:
+async def send_bytes(
+    send: Send, status: int, body: bytes, content_type: bytes, extra_headers: list[tuple[bytes, bytes]]
+) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra_headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})

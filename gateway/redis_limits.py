@@ -26,8 +26,9 @@ log = logging.getLogger("cachegate.state")
 
 
 class RuntimeLimits:
-    def __init__(self, redis: aioredis.Redis, key: str, events: str,
-                 on_limits: Callable[[str, dict[str, Any]], None]) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, key: str, events: str, on_limits: Callable[[str, dict[str, Any]], None]
+    ) -> None:
         self.redis = redis
         self.key = key
         self.events = events
@@ -70,8 +71,14 @@ class RuntimeLimits:
             self.apply(lua.text(name), fields, version)
 
 
-async def listen(redis: aioredis.Redis, channel: str, on_wake: Callable[[str], None], limits: RuntimeLimits,
-                 on_error: Callable[[Exception], None], retry_s: float) -> None:
+async def listen(
+    redis: aioredis.Redis,
+    channel: str,
+    on_wake: Callable[[str], None],
+    limits: RuntimeLimits,
+    on_error: Callable[[Exception], None],
+    retry_s: float,
+) -> None:
     """Apply the events of ``channel`` until cancelled; a broken subscription is reported and renewed."""
     while True:
         pubsub = redis.pubsub(ignore_subscribe_messages=True)

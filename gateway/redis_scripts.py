@@ -155,7 +155,7 @@ def live_leases(url: str, prefix: str = "cachegate", ttl_s: float = 10.0) -> dic
         live = set(client.zrangebyscore(f"{prefix}:replicas", now - ttl_s, "+inf"))
         out: dict[str, int] = {}
         for key in client.scan_iter(match=f"{prefix}:lease:*", count=1000):
-            team = str(key)[len(prefix) + len(":lease:"):]
+            team = str(key)[len(prefix) + len(":lease:") :]
             fields: dict[str, str] = client.hgetall(key)  # type: ignore[assignment]
             count = sum(int(v) for k, v in fields.items() if k in live)
             if count:

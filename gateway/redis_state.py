@@ -45,8 +45,15 @@ class RedisState:
 
     shared = True
 
-    def __init__(self, url: str, prefix: str = "cachegate", lease_ttl_s: float = 10.0,
-                 heartbeat_s: float = 1.0, release_batch_s: float = 0.02, settle_s: float | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "cachegate",
+        lease_ttl_s: float = 10.0,
+        heartbeat_s: float = 1.0,
+        release_batch_s: float = 0.02,
+        settle_s: float | None = None,
+    ) -> None:
         self.url = url
         self.prefix = prefix
         self.lease_ttl_s = lease_ttl_s
@@ -57,8 +64,9 @@ class RedisState:
         self.grace_s = self.fresh_s + 1.5 * heartbeat_s  # by then every other replica has seen it
         self.replica = uuid.uuid4().hex[:12]
         # No automatic retry: a script is not replayed blindly; a fault is handled once, for the pool.
-        self.redis: aioredis.Redis = aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0,
-                                                       retry=Retry(NoBackoff(), 0))
+        self.redis: aioredis.Redis = aioredis.from_url(
+            url, socket_timeout=1.0, socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0)
+        )
         self.phase = "unreachable"
         self.epoch: str | None = None
         self.last_error = ""
@@ -68,8 +76,9 @@ class RedisState:
         self.count: dict[str, int] = {}  # team -> leases held here
         self.on_wake: Callable[[str], None] = lambda team: None
         self.on_limits: Callable[[str, dict[str, Any]], None] = lambda team, fields: None
-        self.limits = RuntimeLimits(self.redis, self._key("teams"), self.events,
-                                    lambda team, fields: self.on_limits(team, fields))
+        self.limits = RuntimeLimits(
+            self.redis, self._key("teams"), self.events, lambda team, fields: self.on_limits(team, fields)
+        )
         self.on_share: Callable[[float, bool], None] = lambda share, split: None
         self._prev_replicas = 1  # membership before the last fault
         self._last_beat = 0.0  # when the last heartbeat answered
@@ -115,10 +124,20 @@ class RedisState:
             self._fault(exc)
         self.transitions = 0
         self._announce()
-        self._tasks = [asyncio.create_task(self._beat_loop(), name="redis-heartbeat"),
-                       asyncio.create_task(listen(self.redis, self.events, lambda team: self.on_wake(team),
-                                                  self.limits, self._fault, min(0.25, self.heartbeat_s)),
-                                           name="redis-events")]
+        self._tasks = [
+            asyncio.create_task(self._beat_loop(), name="redis-heartbeat"),
+            asyncio.create_task(
+                listen(
+                    self.redis,
+                    self.events,
+                    lambda team: self.on_wake(team),
+                    self.limits,
+                    self._fault,
+                    min(0.25, self.heartbeat_s),
+                ),
+                name="redis-events",
+            ),
+        ]
 
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks)
@@ -128,16 +147,18 @@ class RedisState:
             await asyncio.gather(*self._spawned, return_exceptions=True)
         with contextlib.suppress(RedisError, OSError):
             teams = sorted(self._written | set(self.count))
-            await self._leave(keys=[self._key("replicas"), *(self._key("lease", t) for t in teams)],
-                              args=[self.replica])
+            await self._leave(
+                keys=[self._key("replicas"), *(self._key("lease", t) for t in teams)], args=[self.replica]
+            )
         await self.redis.aclose()
 
     # ----- leases --------------------------------------------------------------------------------
 
     async def acquire(self, team: str, rid: str, limit: int) -> bool:
         """Take one of ``team``'s ``limit`` slots for ``rid``. False: wait (requeue) and try again."""
-        if self.phase != "shared" and self.count.get(team, 0) + self._inflight.get(team, 0) >= \
-                self._allowance(team, limit):
+        if self.phase != "shared" and self.count.get(team, 0) + self._inflight.get(team, 0) >= self._allowance(
+            team, limit
+        ):
             self._refused[team] = time.monotonic()
             return False
         if self.phase == "unreachable":
@@ -188,12 +209,16 @@ class RedisState:
         try:
             ok, flat = await self._acquire(
                 keys=[self._key("lease", team), self._key("epoch"), self.events, self._key("leases")],
-                args=[limit, self.replica, self.epoch or "", pending, orjson.dumps({"kind": "release", "team": team})])
+                args=[limit, self.replica, self.epoch or "", pending, orjson.dumps({"kind": "release", "team": team})],
+            )
         finally:
             self._ops -= 1
         self._written.add(team)
-        self._seen[team] = {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)
-                            if flat[i][:1] != b"~" and flat[i].decode() != self.replica}
+        self._seen[team] = {
+            flat[i].decode(): int(flat[i + 1])
+            for i in range(0, len(flat), 2)
+            if flat[i][:1] != b"~" and flat[i].decode() != self.replica
+        }
         return int(ok)
 
     def _give_back(self, call: asyncio.Future[int], team: str) -> None:
@@ -251,9 +276,15 @@ class RedisState:
         return await self.limits.all()
 
     def status(self) -> dict[str, Any]:
-        return {"mode": "degraded" if self.degraded else "redis", "phase": self.phase, "replicas": self.replicas,
-                "epoch": self.epoch, "leases": len(self.held), "transitions": self.transitions,
-                "error": self.last_error or None}
+        return {
+            "mode": "degraded" if self.degraded else "redis",
+            "phase": self.phase,
+            "replicas": self.replicas,
+            "epoch": self.epoch,
+            "leases": len(self.held),
+            "transitions": self.transitions,
+            "error": self.last_error or None,
+        }
 
     # ----- membership, faults ---------------------------------------------------------------------
 
@@ -269,15 +300,24 @@ class RedisState:
             counts = {t: self.count.get(t, 0) for t in sorted(self._written | set(self.count))}
             candidate = uuid.uuid4().hex[:16]
             epoch, live, fresh = await self._register(
-                keys=[self._key("replicas"), self._key("epoch"), self._key("leases"),
-                      *(self._key("lease", t) for t in counts)],
-                args=[self.replica, candidate, self.lease_ttl_s, self.fresh_s, *counts.values()])
+                keys=[
+                    self._key("replicas"),
+                    self._key("epoch"),
+                    self._key("leases"),
+                    *(self._key("lease", t) for t in counts),
+                ],
+                args=[self.replica, candidate, self.lease_ttl_s, self.fresh_s, *counts.values()],
+            )
             epoch = epoch.decode()
             self._written = {t for t, n in counts.items() if n}
             lost = epoch != self.epoch
             if lost and self.epoch is not None:
-                log.warning("Redis lost its state (epoch %s -> %s): this replica re-registered %d lease(s)",
-                            self.epoch, epoch, sum(counts.values()))
+                log.warning(
+                    "Redis lost its state (epoch %s -> %s): this replica re-registered %d lease(s)",
+                    self.epoch,
+                    epoch,
+                    sum(counts.values()),
+                )
             self.epoch = epoch
             self.replicas = max(1, int(live))
             self._stale = int(live) - int(fresh)
@@ -290,10 +330,14 @@ class RedisState:
     async def _beat(self) -> None:
         code, live, fresh = await self._heartbeat(
             keys=[self._key("replicas"), self._key("epoch"), self._key("leases")],
-            args=[self.replica, self.epoch or "", self.lease_ttl_s, self.fresh_s])
+            args=[self.replica, self.epoch or "", self.lease_ttl_s, self.fresh_s],
+        )
         if code < 0:
-            self._lost("Redis lost its state (restart or flush)" if code == -1 else
-                       f"this replica missed its heartbeats for {self.lease_ttl_s} s and was dropped")
+            self._lost(
+                "Redis lost its state (restart or flush)"
+                if code == -1
+                else f"this replica missed its heartbeats for {self.lease_ttl_s} s and was dropped"
+            )
             return
         self._last_beat = time.monotonic()
         live = max(1, int(live))
@@ -307,11 +351,19 @@ class RedisState:
             self._since = now
             self._freeze()
             self._set_phase("settling")
-            log.warning("%d replica(s) stopped heartbeating: each replica keeps to its share of every team "
-                        "limit until they are back or dead (%.0f s)", self._stale, self.lease_ttl_s)
+            log.warning(
+                "%d replica(s) stopped heartbeating: each replica keeps to its share of every team "
+                "limit until they are back or dead (%.0f s)",
+                self._stale,
+                self.lease_ttl_s,
+            )
             self._announce()
-        elif (self.phase == "settling" and self._stale == 0 and now - self._since >= self.settle_s
-              and (live >= self._prev_replicas or now - self._since >= self.lease_ttl_s)):
+        elif (
+            self.phase == "settling"
+            and self._stale == 0
+            and now - self._since >= self.settle_s
+            and (live >= self._prev_replicas or now - self._since >= self.lease_ttl_s)
+        ):
             self._set_phase("shared")
             self.last_error = ""
             log.warning("team limits are shared through Redis across %d replica(s) again", live)
@@ -346,8 +398,13 @@ class RedisState:
         if self.phase != "unreachable":
             was = self.phase
             self._to_unreachable()
-            log.error("Redis unreachable (%s): DEGRADED MODE, this replica enforces 1/%d of every team limit "
-                      "locally until Redis is back (was %s)", self.last_error, self._prev_replicas, was)
+            log.error(
+                "Redis unreachable (%s): DEGRADED MODE, this replica enforces 1/%d of every team limit "
+                "locally until Redis is back (was %s)",
+                self.last_error,
+                self._prev_replicas,
+                was,
+            )
             self._spawn(self.redis.connection_pool.disconnect(inuse_connections=True))
             self._announce()
         self._kick.set()

@@ -61,8 +61,11 @@ def _forward(events: bytes, watch: StreamWatch, now: float) -> bytes:
     parts = split_events(events)
     kept: list[bytes] = []
     for event in parts:
-        if (result.first_token_at is not None and b'"finish_reason":null' in event
-                and (b'"usage":null' in event or b'"usage"' not in event)):
+        if (
+            result.first_token_at is not None
+            and b'"finish_reason":null' in event
+            and (b'"usage":null' in event or b'"usage"' not in event)
+        ):
             result.output_chunks += 1
             result.last_token_at = now
             kept.append(event)
@@ -102,8 +105,9 @@ class SseFilter:
         return rest
 
 
-async def relay_events(response: WireResponse, send: Send, sse: SseFilter, keepalive_s: float,
-                       extra_headers: list[tuple[bytes, bytes]]) -> None:
+async def relay_events(
+    response: WireResponse, send: Send, sse: SseFilter, keepalive_s: float, extra_headers: list[tuple[bytes, bytes]]
+) -> None:
     """Relay an upstream SSE response to the client through ``sse``; a broken stream ends with
     ``sse.broken``. Cancelled (the client left), it stops at once; the caller closes the upstream."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra_headers})
@@ -137,8 +141,11 @@ async def relay_events(response: WireResponse, send: Send, sse: SseFilter, keepa
     except (httpx.TimeoutException, httpx.TransportError) as exc:
         kind = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream_broken"
         result.stream_error = kind
-        message = ("The upstream stream went silent for too long." if kind == "timeout"
-                   else "The upstream connection broke during the stream.")
+        message = (
+            "The upstream stream went silent for too long."
+            if kind == "timeout"
+            else "The upstream connection broke during the stream."
+        )
         data = sse.broken(504 if kind == "timeout" else 502, message, f"upstream_{kind}")
         if data:
             await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -148,7 +155,8 @@ async def relay_events(response: WireResponse, send: Send, sse: SseFilter, keepa
     result.client_bytes += len(last)
 
 
-async def relay_sse(response: WireResponse, send: Send, watch: StreamWatch, keepalive_s: float,
-                    extra_headers: list[tuple[bytes, bytes]]) -> None:
+async def relay_sse(
+    response: WireResponse, send: Send, watch: StreamWatch, keepalive_s: float, extra_headers: list[tuple[bytes, bytes]]
+) -> None:
     """Chat's byte-exact relay (``SseFilter``) of an upstream SSE response."""
     await relay_events(response, send, SseFilter(watch), keepalive_s, extra_headers)

@@ -41,8 +41,9 @@ ROUTE = "/v1/responses"
 class ResponsesRun:
     """One Responses request as parsed: its body, translation, id and team."""
 
-    def __init__(self, body: dict[str, Any], chat: rs.ResponsesRequest, team: str,
-                 prior: list[dict[str, Any]] | None) -> None:
+    def __init__(
+        self, body: dict[str, Any], chat: rs.ResponsesRequest, team: str, prior: list[dict[str, Any]] | None
+    ) -> None:
         self.body = body
         self.req = chat
         self.team = team
@@ -78,16 +79,19 @@ class ResponsesSurface(Surface):
     def stream_error(self, status: int, body: bytes) -> bytes:
         """The Responses stream's own ``error`` event (what the SDKs raise from), once opened."""
         err = read_upstream_error(status, body)
-        return sse_event("error", {"type": "error", "code": err.code, "message": err.message, "param": err.param,
-                                   "sequence_number": 0})
+        return sse_event(
+            "error",
+            {"type": "error", "code": err.code, "message": err.message, "param": err.param, "sequence_number": 0},
+        )
 
     def parse(self, raw: bytes) -> ClientRequest:
         body = rs.load_body(raw)
         check_shape(body)  # bounded depth and sizes: a 400, never a 500 (gateway/openai.py)
         chat = rs.to_chat(body)  # checks the body; redone in prepare with the prior items
         max_out = chat.chat.get("max_tokens")
-        return ClientRequest(model=chat.model, stream=chat.stream, max_tokens=max_out, prompt=chat.chat,
-                             body=body, native=body)
+        return ClientRequest(
+            model=chat.model, stream=chat.stream, max_tokens=max_out, prompt=chat.chat, body=body, native=body
+        )
 
     async def prepare(self, req: ClientRequest) -> None:
         body = req.native
@@ -97,8 +101,12 @@ class ResponsesSurface(Surface):
         if previous is not None:
             record = await self.store.get(previous, req.team)
             if record is None:
-                raise GatewayError(404, f"Previous response with id '{previous}' not found.",
-                                   "previous_response_not_found", "previous_response_id")
+                raise GatewayError(
+                    404,
+                    f"Previous response with id '{previous}' not found.",
+                    "previous_response_not_found",
+                    "previous_response_id",
+                )
             prior = record.conversation()
         chat = rs.to_chat(body, prior)
         req.prompt = chat.chat
@@ -161,17 +169,27 @@ class ResponsesSurface(Surface):
             self.running[run.response_id] = run
         return relay
 
-    async def _put(self, run: ResponsesRun, response_id: str, response: dict[str, Any],
-                   status: str | None = None) -> None:
-        await self.store.put(StoredResponse(response_id, run.team, run.req.model,
-                                            status or str(response.get("status") or "completed"),
-                                            run.created_at, run.req.input_items, response))
+    async def _put(
+        self, run: ResponsesRun, response_id: str, response: dict[str, Any], status: str | None = None
+    ) -> None:
+        await self.store.put(
+            StoredResponse(
+                response_id,
+                run.team,
+                run.req.model,
+                status or str(response.get("status") or "completed"),
+                run.created_at,
+                run.req.input_items,
+                response,
+            )
+        )
 
     async def started(self, run: ResponsesRun) -> None:
         """Store the in-progress Response of a translated stream (GET and cancel see it)."""
         if run.req.store:
-            await self._put(run, run.response_id,
-                            rs.response_object(run.req, run.response_id, run.created_at, "in_progress", []))
+            await self._put(
+                run, run.response_id, rs.response_object(run.req, run.response_id, run.created_at, "in_progress", [])
+            )
 
     def cancel_local(self, response_id: str) -> bool:
         """Stop a stream running on this replica: its relay ends it and its upstream is closed."""

@@ -28,17 +28,27 @@ def run(config: Config) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request is noise
     workers = config.worker_count()
     if workers > 1 and not config.redis_url:
-        sys.exit("cachegate: --workers N > 1 needs Redis (--redis-url or CACHEGATE_REDIS_URL), so that the "
-                 "workers share team limits and backend reservations; run one worker, or set a Redis URL.")
+        sys.exit(
+            "cachegate: --workers N > 1 needs Redis (--redis-url or CACHEGATE_REDIS_URL), so that the "
+            "workers share team limits and backend reservations; run one worker, or set a Redis URL."
+        )
     if not config.models:
         sys.exit("cachegate: no models configured: give --config FILE, or --backend URL --model ALIAS")
     _raise_open_files()
     server = config.server
     os.environ[LIMITS_ENV] = server.model_dump_json()  # read by every worker's protocol
-    common = dict(host=config.listen.host, port=config.listen.port, loop="uvloop",
-                  http="gateway.httpserver:LimitedHttpToolsProtocol", log_level=config.log_level.lower(),
-                  access_log=False, timeout_keep_alive=server.keep_alive_s, timeout_graceful_shutdown=10,
-                  limit_concurrency=server.limit_concurrency, backlog=server.backlog)
+    common = dict(
+        host=config.listen.host,
+        port=config.listen.port,
+        loop="uvloop",
+        http="gateway.httpserver:LimitedHttpToolsProtocol",
+        log_level=config.log_level.lower(),
+        access_log=False,
+        timeout_keep_alive=server.keep_alive_s,
+        timeout_graceful_shutdown=10,
+        limit_concurrency=server.limit_concurrency,
+        backlog=server.backlog,
+    )
     if workers > 1:
         log.info("starting %d workers (--workers; default one per core with Redis)", workers)
         os.environ["CACHEGATE_CONFIG_JSON"] = config.model_dump_json()

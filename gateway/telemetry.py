@@ -82,16 +82,24 @@ class Telemetry:
             if os.environ.get("OTEL_TRACES_SAMPLER"):
                 sampler = None  # the SDK builds it from OTEL_TRACES_SAMPLER[_ARG]
         if exporter is None:
-            exporter = (OTLPSpanExporter(endpoint=traces_url(config.otlp_endpoint or ""),
-                                         headers=dict(config.otlp_headers) or None)
-                        if from_config else OTLPSpanExporter())
+            exporter = (
+                OTLPSpanExporter(
+                    endpoint=traces_url(config.otlp_endpoint or ""), headers=dict(config.otlp_headers) or None
+                )
+                if from_config
+                else OTLPSpanExporter()
+            )
         self.exporter = exporter
         self.provider = TracerProvider(sampler=sampler, resource=resource, shutdown_on_exit=False)
         self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer("cachegate", _version())
         where = traces_url(config.otlp_endpoint or "") if from_config else "the OTEL_EXPORTER_OTLP_* endpoint"
-        log.info("tracing on: %s, service %s, %s", where, resource.attributes.get("service.name"),
-                 self.provider.sampler.get_description())
+        log.info(
+            "tracing on: %s, service %s, %s",
+            where,
+            resource.attributes.get("service.name"),
+            self.provider.sampler.get_description(),
+        )
 
     @property
     def enabled(self) -> bool:
@@ -105,10 +113,18 @@ class Telemetry:
         if "traceparent" in headers:
             parent = PROPAGATOR.extract({k: headers[k] for k in ("traceparent", "tracestate") if k in headers})
         operation = OPERATIONS.get(kind, kind)
-        span = self.tracer.start_span(operation, context=parent, kind=SpanKind.SERVER, start_time=start_ns,
-                                      attributes={"gen_ai.operation.name": operation,
-                                                  "gen_ai.provider.name": PROVIDER, "gen_ai.system": PROVIDER,
-                                                  "http.request.method": "POST"})
+        span = self.tracer.start_span(
+            operation,
+            context=parent,
+            kind=SpanKind.SERVER,
+            start_time=start_ns,
+            attributes={
+                "gen_ai.operation.name": operation,
+                "gen_ai.provider.name": PROVIDER,
+                "gen_ai.system": PROVIDER,
+                "http.request.method": "POST",
+            },
+        )
         return RequestTrace(self.tracer, span, operation, self.record_content)
 
     def shutdown(self) -> None:

@@ -45,11 +45,16 @@ class TranslatedRelay(TranslatingRelay):
     (async) before a stream is relayed; ``on_cancel()`` gives the last bytes of a stream cancelled
     through the API (``cancel_requested`` set, then ``task`` cancelled)."""
 
-    def __init__(self, stream_translator: StreamTranslator | None,
-                 whole_answer: Callable[[int, bytes], tuple[int, bytes]], keepalive: bytes,
-                 fail: Callable[[str], bytes], done: Callable[[bool], Awaitable[None]] | None = None,
-                 on_cancel: Callable[[], bytes] | None = None,
-                 on_start: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self,
+        stream_translator: StreamTranslator | None,
+        whole_answer: Callable[[int, bytes], tuple[int, bytes]],
+        keepalive: bytes,
+        fail: Callable[[str], bytes],
+        done: Callable[[bool], Awaitable[None]] | None = None,
+        on_cancel: Callable[[], bytes] | None = None,
+        on_start: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.translator = stream_translator
         self.whole_answer = whole_answer
         self.keepalive = keepalive
@@ -110,8 +115,7 @@ class TranslatedRelay(TranslatingRelay):
             if self.done is not None:
                 await asyncio.shield(self.done(ok))
 
-    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send,
-                    ctx: RelayContext) -> None:
+    async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         await super().whole(status, payload, content_type, send, ctx)
         if self.done is not None:
             await self.done(status == 200)

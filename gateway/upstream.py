@@ -214,8 +214,9 @@ class Upstream:
             span.done(status, result.stream_error)
             fault = backend_fault(status=status) or stream_fault(result.stream_error, lagging=self.lagging())
             if fault:
-                self.pool.request_failed(backend, fault, f"answered {status}" if fault == "status_5xx"
-                                         else "the response broke off")
+                self.pool.request_failed(
+                    backend, fault, f"answered {status}" if fault == "status_5xx" else "the response broke off"
+                )
             elif result.stream_error not in BROKEN:
                 self.pool.request_ok(backend)
         return "answered"

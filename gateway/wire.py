@@ -113,15 +113,20 @@ class WireResponse(asyncio.Protocol):
             self.error = httpx.RemoteProtocolError("malformed upstream status line")
             return
         self.status_code = int(parts[1])
-        self.headers = {k.strip().lower().decode("latin-1"): v.strip().decode("latin-1")
-                        for k, _, v in (ln.partition(b":") for ln in lines[1:])}
+        self.headers = {
+            k.strip().lower().decode("latin-1"): v.strip().decode("latin-1")
+            for k, _, v in (ln.partition(b":") for ln in lines[1:])
+        }
         self.chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
         length = self.headers.get("content-length")
         self.length = int(length) if length and length.isdigit() and not self.chunked else -1
         if self.status_code in (204, 304):
             self.length, self.chunked = 0, False
-        self.reusable = (parts[0] == b"HTTP/1.1" and self.headers.get("connection", "").lower() != "close"
-                         and (self.chunked or self.length >= 0))
+        self.reusable = (
+            parts[0] == b"HTTP/1.1"
+            and self.headers.get("connection", "").lower() != "close"
+            and (self.chunked or self.length >= 0)
+        )
         self.head_done = True
 
     def _dechunk(self, raw: bytes) -> bytes:
@@ -244,8 +249,14 @@ class WireResponse(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if (self.transport is not None and self.done and self.reusable and not self.out and self.error is None
-                and not self.raw):
+        if (
+            self.transport is not None
+            and self.done
+            and self.reusable
+            and not self.out
+            and self.error is None
+            and not self.raw
+        ):
             self.client.put_back(self)
             return
         if self.transport is not None:
@@ -261,8 +272,9 @@ class WireResponse(asyncio.Protocol):
 class WireClient:
     """Keep-alive connections per upstream, a connection budget, httpx's timeouts and exceptions."""
 
-    def __init__(self, connect_timeout_s: float, idle_s: float, keepalive_expiry_s: float, max_connections: int
-                 ) -> None:
+    def __init__(
+        self, connect_timeout_s: float, idle_s: float, keepalive_expiry_s: float, max_connections: int
+    ) -> None:
         self.connect_timeout_s, self.idle_s = connect_timeout_s, idle_s
         self.keepalive_expiry_s, self.max_connections = keepalive_expiry_s, max_connections
         self.idle: dict[tuple[str, str, int], deque[tuple[float, asyncio.Transport, WireResponse]]] = {}
@@ -324,9 +336,10 @@ class WireClient:
             self._ssl = ssl.create_default_context()
         conn = WireResponse(self, key)
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: conn, host, port,
-                                                          ssl=self._ssl if scheme == "https" else None),
-                                   self.connect_timeout_s)
+            await asyncio.wait_for(
+                loop.create_connection(lambda: conn, host, port, ssl=self._ssl if scheme == "https" else None),
+                self.connect_timeout_s,
+            )
         except TimeoutError:
             self.release()
             raise httpx.ConnectTimeout(f"no connection to {host}:{port} in time") from None
@@ -346,8 +359,10 @@ class WireClient:
             scheme = parts.scheme
             port = parts.port or (443 if scheme == "https" else 80)
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            known = self._targets[url] = ((scheme, parts.hostname or "", port),
-                                          f"POST {target} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode("latin-1"))
+            known = self._targets[url] = (
+                (scheme, parts.hostname or "", port),
+                f"POST {target} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode("latin-1"),
+            )
         key, first = known
         lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if k.lower() not in ("host", "content-length"))
         request = b"%scontent-length: %d\r\n%s\r\n%s" % (first, len(body), lines.encode("latin-1"), body)

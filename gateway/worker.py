@@ -96,11 +96,19 @@ class Gateway:
         up = self.config.upstream
         # Every surface's requests go through the lean client; health checks and load polls have a
         # client of their own inside the pool, so a full request budget cannot starve them.
-        self.wire = WireClient(up.connect_timeout_s, up.idle_timeout_s, up.keepalive_expiry_s,
-                               self.config.upstream_connections())
+        self.wire = WireClient(
+            up.connect_timeout_s, up.idle_timeout_s, up.keepalive_expiry_s, self.config.upstream_connections()
+        )
         self.pool = BackendPool(self.config, up.keepalive_expiry_s)
-        self._upstream = Upstream(self.wire, self.pool, self.dispatcher, self.metrics, up.sse_keepalive_s,
-                                  self.overload.lagging, self.config.overload.retry_after_s)
+        self._upstream = Upstream(
+            self.wire,
+            self.pool,
+            self.dispatcher,
+            self.metrics,
+            up.sse_keepalive_s,
+            self.overload.lagging,
+            self.config.overload.retry_after_s,
+        )
         self.pool.subscribe(self._backends_changed)
         self.metrics.init_labels(self.config.teams, (b.name for b in self.pool.all()))
         self.dispatcher.start()

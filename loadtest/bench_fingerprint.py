@@ -33,13 +33,29 @@ def chat_body(total_bytes: int, seed: int = 1) -> dict:
     i = 0
     while size < total_bytes:
         messages.append({"role": "user", "content": text(2_000)})
-        messages.append({"role": "assistant", "content": text(1_500), "tool_calls": [
-            {"id": f"call_{i}", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "x"}'}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": text(1_500),
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": '{"path": "x"}'},
+                    }
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": text(8_000)})
         size += 11_600
         i += 1
-    tools = [{"type": "function", "function": {"name": f"tool{k}", "description": text(300),
-                                               "parameters": {"type": "object"}}} for k in range(8)]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": f"tool{k}", "description": text(300), "parameters": {"type": "object"}},
+        }
+        for k in range(8)
+    ]
     return {"model": "kimi-k2", "messages": messages, "tools": tools, "stream": True}
 
 
@@ -70,10 +86,13 @@ def main() -> None:
     fp, nbytes = request_fingerprint(body, TOKENS_PER_BYTE)
     print(f"request: {nbytes:,} rendered bytes, {len(fp)} blocks, ~{sum(n for _, n in fp):,} tokens")
     print(row("render (canonical bytes)", timed(lambda: render(body), args.iterations)))
-    print(row("fingerprint (chained block hashes)", timed(lambda: fingerprint(data, TOKENS_PER_BYTE),
-                                                         args.iterations)))
-    print(row("request_fingerprint (streamed render + hash)",
-              timed(lambda: request_fingerprint(body, TOKENS_PER_BYTE), args.iterations)))
+    print(row("fingerprint (chained block hashes)", timed(lambda: fingerprint(data, TOKENS_PER_BYTE), args.iterations)))
+    print(
+        row(
+            "request_fingerprint (streamed render + hash)",
+            timed(lambda: request_fingerprint(body, TOKENS_PER_BYTE), args.iterations),
+        )
+    )
 
     # Routing over 8 backends x 8 DP ranks, with many conversations already indexed.
     backends = [BackendView(name=f"b{i}", kv_tokens=4_900_000, dp_size=8) for i in range(8)]
@@ -88,8 +107,12 @@ def main() -> None:
             router.dispatched(r, d, float(c))
             router.finished(r.rid, d.backend, Outcome(), float(c) + 0.5)
         probe = RequestFacts(rid="probe", model="kimi-k2", prompt_tokens=0, fingerprint=fp)
-        print(row(f"{name}: route, 64 slots, {args.conversations} conversations",
-                  timed(lambda router=router, probe=probe: router.route(probe, backends, 1e6), args.iterations)))
+        print(
+            row(
+                f"{name}: route, 64 slots, {args.conversations} conversations",
+                timed(lambda router=router, probe=probe: router.route(probe, backends, 1e6), args.iterations),
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -24,20 +24,32 @@ import httpx
 import orjson
 
 MODEL = "bench-model"
-_CHUNKS = [b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench-model","choices":[{"index":0,'
-           b'"delta":{"content":"tok' + str(i).encode() + b' "},"finish_reason":null}],"usage":null}\n\n'
-           for i in range(8)]
-_STREAM = b"".join(_CHUNKS) + (b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench-model",'
-                               b'"choices":[],"usage":{"prompt_tokens":50,"completion_tokens":8,"total_tokens":58}}\n\n'
-                               b"data: [DONE]\n\n")
-_JSON = orjson.dumps({"id": "b", "object": "chat.completion", "created": 1, "model": MODEL,
-                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                                   "finish_reason": "stop"}],
-                      "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51}})
-_INFO = {"/get_server_info": orjson.dumps({"max_total_num_tokens": 10_000_000, "dp_size": 1}),
-         "/v1/models": orjson.dumps({"object": "list", "data": [{"id": MODEL}]}),
-         "/v1/loads": orjson.dumps({"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]}),
-         "/health": b""}
+_CHUNKS = [
+    b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench-model","choices":[{"index":0,'
+    b'"delta":{"content":"tok' + str(i).encode() + b' "},"finish_reason":null}],"usage":null}\n\n'
+    for i in range(8)
+]
+_STREAM = b"".join(_CHUNKS) + (
+    b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench-model",'
+    b'"choices":[],"usage":{"prompt_tokens":50,"completion_tokens":8,"total_tokens":58}}\n\n'
+    b"data: [DONE]\n\n"
+)
+_JSON = orjson.dumps(
+    {
+        "id": "b",
+        "object": "chat.completion",
+        "created": 1,
+        "model": MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51},
+    }
+)
+_INFO = {
+    "/get_server_info": orjson.dumps({"max_total_num_tokens": 10_000_000, "dp_size": 1}),
+    "/v1/models": orjson.dumps({"object": "list", "data": [{"id": MODEL}]}),
+    "/v1/loads": orjson.dumps({"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]}),
+    "/health": b"",
+}
 
 
 async def upstream_app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
@@ -57,8 +69,13 @@ async def upstream_app(scope: dict, receive: object, send: object) -> None:  # t
         payload, ctype = _STREAM, b"text/event-stream"
     else:
         payload, ctype = _JSON, b"application/json"
-    await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
-                "headers": [(b"content-type", ctype), (b"content-length", str(len(payload)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,  # type: ignore[operator]
+            "headers": [(b"content-type", ctype), (b"content-length", str(len(payload)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})  # type: ignore[operator]
 
 
@@ -96,9 +113,15 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _body(stream: bool) -> dict[str, object]:
-    return {"model": MODEL, "stream": stream, "max_tokens": 8,
-            "messages": [{"role": "system", "content": "You are a coding agent. " * 40},
-                         {"role": "user", "content": "Fix the bug in main.py. " * 20}]}
+    return {
+        "model": MODEL,
+        "stream": stream,
+        "max_tokens": 8,
+        "messages": [
+            {"role": "system", "content": "You are a coding agent. " * 40},
+            {"role": "user", "content": "Fix the bug in main.py. " * 20},
+        ],
+    }
 
 
 def sequential(url: str, n: int, stream: bool) -> list[float]:
@@ -121,12 +144,14 @@ async def concurrent(url: str, workers: int, seconds: float) -> int:
     done = 0
     stop = time.monotonic() + seconds
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=workers)) as client:
+
         async def worker() -> None:
             nonlocal done
             while time.monotonic() < stop:
                 r = await client.post(url + "/v1/chat/completions", json=_body(False))
                 assert r.status_code == 200
                 done += 1
+
         await asyncio.gather(*(worker() for _ in range(workers)))
     return done
 
@@ -144,10 +169,37 @@ def main() -> None:
     args = parser.parse_args()
     up_port, gw_port = _free_port(), _free_port()
     up, gw = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
-    upstream = [sys.executable, "-m", "uvicorn", "loadtest.bench_overhead:upstream_app", "--port", str(up_port),
-                "--log-level", "warning", "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
-    gateway = [sys.executable, "-m", "gateway.cli", "serve", "--backend", up, "--model", MODEL, "--port", str(gw_port),
-               "--policy", args.policy, "--log-level", "warning"]
+    upstream = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "loadtest.bench_overhead:upstream_app",
+        "--port",
+        str(up_port),
+        "--log-level",
+        "warning",
+        "--loop",
+        "uvloop",
+        "--http",
+        "httptools",
+        "--no-access-log",
+    ]
+    gateway = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--backend",
+        up,
+        "--model",
+        MODEL,
+        "--port",
+        str(gw_port),
+        "--policy",
+        args.policy,
+        "--log-level",
+        "warning",
+    ]
     with _process(upstream, up + "/health"), _process(gateway, gw + "/readyz") as gw_proc:
         print(f"policy {args.policy}; {args.requests} sequential requests each way; instant upstream")
         print("| request | direct p50 | direct p99 | gateway p50 | gateway p99 | added p50 | added p99 |")
@@ -155,14 +207,18 @@ def main() -> None:
         for stream in (False, True):
             sequential(gw, 50, stream)  # warm both paths
             direct, via = sequential(up, args.requests, stream), sequential(gw, args.requests, stream)
-            print(f"| {'stream' if stream else 'non-stream'} | {_q(direct, .5):.2f} ms | {_q(direct, .99):.2f} ms | "
-                  f"{_q(via, .5):.2f} ms | {_q(via, .99):.2f} ms | {_q(via, .5) - _q(direct, .5):.2f} ms | "
-                  f"{_q(via, .99) - _q(direct, .99):.2f} ms |")
+            print(
+                f"| {'stream' if stream else 'non-stream'} | {_q(direct, 0.5):.2f} ms | {_q(direct, 0.99):.2f} ms | "
+                f"{_q(via, 0.5):.2f} ms | {_q(via, 0.99):.2f} ms | {_q(via, 0.5) - _q(direct, 0.5):.2f} ms | "
+                f"{_q(via, 0.99) - _q(direct, 0.99):.2f} ms |"
+            )
         cpu0, t0 = _cpu_seconds(gw_proc.pid), time.perf_counter()
         done = asyncio.run(concurrent(gw, args.concurrency, args.seconds))
         cpu, wall = _cpu_seconds(gw_proc.pid) - cpu0, time.perf_counter() - t0
-        print(f"\n{args.concurrency} concurrent clients for {wall:.1f} s: {done / wall:.0f} requests/s through the "
-              f"gateway, gateway CPU {cpu:.1f} s ({cpu / wall:.2f} cores): {done / cpu:.0f} requests per CPU-second")
+        print(
+            f"\n{args.concurrency} concurrent clients for {wall:.1f} s: {done / wall:.0f} requests/s through the "
+            f"gateway, gateway CPU {cpu:.1f} s ({cpu / wall:.2f} cores): {done / cpu:.0f} requests per CPU-second"
+        )
 
 
 if __name__ == "__main__":

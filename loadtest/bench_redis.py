@@ -39,13 +39,21 @@ from loadtest.procs import free_port as _free_port
 from loadtest.procs import process as _process
 
 MODEL = "bench-model"
-_JSON = orjson.dumps({"id": "b", "object": "chat.completion", "created": 1, "model": MODEL,
-                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                                   "finish_reason": "stop"}],
-                      "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51}})
-_INFO = {b"/get_server_info": orjson.dumps({"max_total_num_tokens": 100_000_000, "dp_size": 1}),
-         b"/v1/models": orjson.dumps({"object": "list", "data": [{"id": MODEL}]}),
-         b"/v1/loads": orjson.dumps({"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]})}
+_JSON = orjson.dumps(
+    {
+        "id": "b",
+        "object": "chat.completion",
+        "created": 1,
+        "model": MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51},
+    }
+)
+_INFO = {
+    b"/get_server_info": orjson.dumps({"max_total_num_tokens": 100_000_000, "dp_size": 1}),
+    b"/v1/models": orjson.dumps({"object": "list", "data": [{"id": MODEL}]}),
+    b"/v1/loads": orjson.dumps({"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]}),
+}
 _BODY = orjson.dumps({"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "hi " * 50}]})
 
 
@@ -64,14 +72,16 @@ class _Upstream(asyncio.Protocol):
                 return
             head = self.buf[:head_end].lower()
             i = head.find(b"content-length:")
-            length = int(head[i + 15:head.find(b"\r\n", i) if head.find(b"\r\n", i) > 0 else None]) if i >= 0 else 0
+            length = int(head[i + 15 : head.find(b"\r\n", i) if head.find(b"\r\n", i) > 0 else None]) if i >= 0 else 0
             if len(self.buf) < head_end + 4 + length:
                 return
             path = head.split(b" ", 2)[1]
-            self.buf = self.buf[head_end + 4 + length:]
+            self.buf = self.buf[head_end + 4 + length :]
             payload = _INFO.get(path, b"" if path == b"/health" else _JSON)
-            self.t.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                         % (len(payload), payload))
+            self.t.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(payload), payload)
+            )
 
 
 def serve_upstream(port: int) -> None:
@@ -86,8 +96,10 @@ def serve_upstream(port: int) -> None:
 
 async def load(port: int, concurrency: int, seconds: float) -> int:
     """Keep-alive POSTs from ``concurrency`` connections for ``seconds``; returns answers (all 200)."""
-    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-               b"content-length: %d\r\n\r\n%s" % (len(_BODY), _BODY))
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(_BODY), _BODY)
+    )
     done = 0
     stop = time.monotonic() + seconds
 
@@ -101,7 +113,7 @@ async def load(port: int, concurrency: int, seconds: float) -> int:
                 if not head.startswith(b"HTTP/1.1 200"):
                     raise RuntimeError(head.decode(errors="replace"))
                 i = head.lower().find(b"content-length:")
-                await reader.readexactly(int(head[i + 15:head.find(b"\r\n", i)]))
+                await reader.readexactly(int(head[i + 15 : head.find(b"\r\n", i)]))
                 done += 1
         finally:
             writer.close()
@@ -113,8 +125,19 @@ async def load(port: int, concurrency: int, seconds: float) -> int:
 @contextlib.contextmanager
 def _redis() -> Iterator[str]:
     port, folder = _free_port(), tempfile.mkdtemp(prefix="cg-bench-redis-")
-    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", folder]
+    args = [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        folder,
+    ]
     try:
         with _process(args):
             client = redis.Redis(port=port)
@@ -156,11 +179,29 @@ def _tree_cpu(pid: int) -> float:
 def gateway(root: str, upstream: str, redis_url: str, workers: int, folder: Path) -> Iterator[tuple[int, int]]:
     port = _free_port()
     cfg = folder / f"gw-{port}.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "models": {MODEL: {"backends": [{"url": upstream}]}}, "redis_url": redis_url, "workers": workers,
-        "teams": {"default": {"max_concurrency": 1000, "max_queue": 1000}}, "log_level": "warning"}))
-    args = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port),
-            "--workers", str(workers)]
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "models": {MODEL: {"backends": [{"url": upstream}]}},
+                "redis_url": redis_url,
+                "workers": workers,
+                "teams": {"default": {"max_concurrency": 1000, "max_queue": 1000}},
+                "log_level": "warning",
+            }
+        )
+    )
+    args = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--config",
+        str(cfg),
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
     with _process(args, cwd=root, ready=f"http://127.0.0.1:{port}/readyz") as proc:
         yield port, proc.pid
 
@@ -180,10 +221,14 @@ def per_request(root: str, upstream: str, folder: Path, concurrency: int, second
         wall = time.monotonic() - t1
         net = {k: v - idle_rate.get(k, 0) * wall - (1 if k == "info" else 0) for k, v in used.items()}
         total = sum(net.values())
-        print(f"1. Redis commands per request, {n} requests ({n / seconds:.0f}/s, {concurrency} connections, "
-              f"1 worker), heartbeats ({sum(idle_rate.values()):.1f} commands/s) taken out:")
-        print(f"   {total / n:.2f} commands per request, {net.get('evalsha', 0) / n:.2f} script calls; by command: "
-              + ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(net.items(), key=lambda kv: -kv[1]) if v / n >= 0.01))
+        print(
+            f"1. Redis commands per request, {n} requests ({n / seconds:.0f}/s, {concurrency} connections, "
+            f"1 worker), heartbeats ({sum(idle_rate.values()):.1f} commands/s) taken out:"
+        )
+        print(
+            f"   {total / n:.2f} commands per request, {net.get('evalsha', 0) / n:.2f} script calls; by command: "
+            + ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(net.items(), key=lambda kv: -kv[1]) if v / n >= 0.01)
+        )
 
 
 def renewal(root: str, seconds: float) -> None:
@@ -211,8 +256,10 @@ def renewal(root: str, seconds: float) -> None:
 
     with _redis() as url:
         rates = asyncio.run(run(url))
-    print(f"2. Renewal traffic of one idle replica: {rates[10]:.1f} commands/s holding 10 leases, "
-          f"{rates[1000]:.1f} commands/s holding 1,000 ({rates[1000] / max(rates[10], 1e-9):.2f}×)")
+    print(
+        f"2. Renewal traffic of one idle replica: {rates[10]:.1f} commands/s holding 10 leases, "
+        f"{rates[1000]:.1f} commands/s holding 1,000 ({rates[1000] / max(rates[10], 1e-9):.2f}×)"
+    )
 
 
 def scaling(root: str, upstream: str, folder: Path, concurrency: int, seconds: float, rounds: int) -> None:
@@ -229,12 +276,15 @@ def scaling(root: str, upstream: str, folder: Path, concurrency: int, seconds: f
                     per_cpu[workers].append(done / max(1e-9, _tree_cpu(pid) - cpu0))
     one, two = sum(rps[1]) / rounds, sum(rps[2]) / rounds
     eff1, eff2 = sum(per_cpu[1]) / rounds, sum(per_cpu[2]) / rounds
-    print(f"3. Requests/s with Redis, {concurrency} connections, {seconds:.0f} s per run, alternated: "
-          f"1 worker {' '.join(f'{r:.0f}' for r in rps[1])}; 2 workers {' '.join(f'{r:.0f}' for r in rps[2])}; "
-          f"2 workers / 1 worker = {two / one:.2f}")
-    print(f"   requests per gateway CPU-second: 1 worker {eff1:.0f}, 2 workers {eff2:.0f} "
-          f"(on two free cores, 2 workers would serve {2 * eff2 / eff1:.2f}x one worker on one)")
-
+    print(
+        f"3. Requests/s with Redis, {concurrency} connections, {seconds:.0f} s per run, alternated: "
+        f"1 worker {' '.join(f'{r:.0f}' for r in rps[1])}; 2 workers {' '.join(f'{r:.0f}' for r in rps[2])}; "
+        f"2 workers / 1 worker = {two / one:.2f}"
+    )
+    print(
+        f"   requests per gateway CPU-second: 1 worker {eff1:.0f}, 2 workers {eff2:.0f} "
+        f"(on two free cores, 2 workers would serve {2 * eff2 / eff1:.2f}x one worker on one)"
+    )
 
 
 def main() -> None:

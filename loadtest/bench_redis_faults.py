@@ -38,9 +38,23 @@ class _Server:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", self.dir],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for _ in range(200):
             with contextlib.suppress(redis.RedisError):
                 if redis.Redis(port=self.port, socket_connect_timeout=0.2).ping():
@@ -114,11 +128,12 @@ def faults(root: str, count: int, limit: int = 4) -> None:
     finally:
         server.stop()
         shutil.rmtree(server.dir, ignore_errors=True)
-    print(f"4. {count} Redis faults ({(count + 1) // 2} restarts, {count // 2} flushes), 2 replicas x 6 workers, "
-          f"holds 50-400 ms: peak {stats['peak']} leases in use, limit {limit}; {stats['grants']} grants; "
-          f"back to shared within {worst:.1f} s; {changes} mode changes in all (2 per fault per replica: "
-          f"{4 * count})")
-
+    print(
+        f"4. {count} Redis faults ({(count + 1) // 2} restarts, {count // 2} flushes), 2 replicas x 6 workers, "
+        f"holds 50-400 ms: peak {stats['peak']} leases in use, limit {limit}; {stats['grants']} grants; "
+        f"back to shared within {worst:.1f} s; {changes} mode changes in all (2 per fault per replica: "
+        f"{4 * count})"
+    )
 
 
 def live(root: str, count: int) -> None:
@@ -132,25 +147,41 @@ def live(root: str, count: int) -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp, run_twin("tiny", time_scale=1.0, model=model) as twin:
             cfg = Path(tmp) / "c.yaml"
-            cfg.write_text(yaml.safe_dump({
-                "models": {"kimi": {"upstream_model": model, "backends": [{"url": twin}]}},
-                "teams": {"default": {"max_concurrency": 4, "max_queue": 100, "queue_timeout_s": 60}},
-                "health": {"interval_s": 0.5, "load_interval_s": 0.5}, "lease_ttl_s": 2.0, "workers": 1,
-                "redis_url": f"redis://127.0.0.1:{server.port}/0", "log_level": "warning"}))
+            cfg.write_text(
+                yaml.safe_dump(
+                    {
+                        "models": {"kimi": {"upstream_model": model, "backends": [{"url": twin}]}},
+                        "teams": {"default": {"max_concurrency": 4, "max_queue": 100, "queue_timeout_s": 60}},
+                        "health": {"interval_s": 0.5, "load_interval_s": 0.5},
+                        "lease_ttl_s": 2.0,
+                        "workers": 1,
+                        "redis_url": f"redis://127.0.0.1:{server.port}/0",
+                        "log_level": "warning",
+                    }
+                )
+            )
             bases = []
             with contextlib.ExitStack() as stack:
                 for _ in range(2):
                     port = _free_port()
-                    stack.enter_context(_process([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg),
-                                                  "--port", str(port)], cwd=root,
-                                                 ready=f"http://127.0.0.1:{port}/readyz"))
+                    stack.enter_context(
+                        _process(
+                            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port)],
+                            cwd=root,
+                            ready=f"http://127.0.0.1:{port}/readyz",
+                        )
+                    )
                     bases.append(f"http://127.0.0.1:{port}")
                 time.sleep(3)
                 mode = lambda b: httpx.get(b + "/readyz", timeout=5).json()["state"]  # noqa: E731
 
                 def client(w: int) -> None:
-                    body = {"model": "kimi", "stream": True, "max_tokens": 30,
-                            "messages": [{"role": "user", "content": f"conversation {w}: " + "x" * 2000}]}
+                    body = {
+                        "model": "kimi",
+                        "stream": True,
+                        "max_tokens": 30,
+                        "messages": [{"role": "user", "content": f"conversation {w}: " + "x" * 2000}],
+                    }
                     while not stop.is_set():
                         with httpx.stream("POST", bases[w % 2] + "/v1/chat/completions", json=body, timeout=60) as r:
                             for _ in r.iter_raw():
@@ -187,6 +218,8 @@ def live(root: str, count: int) -> None:
         server.stop()
         shutil.rmtree(server.dir, ignore_errors=True)
     restarts = count - count // 3
-    print(f"5. Live: {count} Redis faults ({restarts} restarts, {count - restarts} flushes), 2 gateways, 10 streaming "
-          f"clients: {len(results)} requests, statuses {sorted(set(results))}; peak {peak} running at the backend, "
-          f"team limit 4; back to shared within {worst:.1f} s; mode changes per replica {changes}")
+    print(
+        f"5. Live: {count} Redis faults ({restarts} restarts, {count - restarts} flushes), 2 gateways, 10 streaming "
+        f"clients: {len(results)} requests, statuses {sorted(set(results))}; peak {peak} running at the backend, "
+        f"team limit 4; back to shared within {worst:.1f} s; mode changes per replica {changes}"
+    )

@@ -128,8 +128,12 @@ def measure(target: Target, load_args: list[str]) -> dict[str, Any]:
     sampler = threading.Thread(target=sample, daemon=True)
     cpu0 = cpu_seconds(target.pid)
     sampler.start()
-    out = subprocess.run([sys.executable, "-m", "loadtest.relay_load", *load_args, "--port", str(target.port)],
-                         cwd=HERE, capture_output=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "loadtest.relay_load", *load_args, "--port", str(target.port)],
+        cwd=HERE,
+        capture_output=True,
+        check=True,
+    ).stdout
     stop.set()
     sampler.join()
     result: dict[str, Any] = orjson.loads(out)
@@ -140,9 +144,10 @@ def measure(target: Target, load_args: list[str]) -> dict[str, Any]:
 
 def gateway_config(path: Path, upstream: str, overrides: list[str] = ()) -> Path:  # type: ignore[assignment]
     """The benchmark's gateway config; ``overrides`` are ``dotted.key=YAML`` (e.g. ``overload.max_lag_ms=500``)."""
-    cfg: dict[str, Any] = {"models": {MODEL: {"backends": [{"url": upstream, "name": "up"}]}},
-                           "teams": {"default": {"max_concurrency": 100_000, "max_queue": 100_000,
-                                                 "queue_timeout_s": 300}}}
+    cfg: dict[str, Any] = {
+        "models": {MODEL: {"backends": [{"url": upstream, "name": "up"}]}},
+        "teams": {"default": {"max_concurrency": 100_000, "max_queue": 100_000, "queue_timeout_s": 300}},
+    }
     for item in overrides:
         key, _, value = item.partition("=")
         *parents, leaf = key.split(".")
@@ -159,8 +164,9 @@ def _fmt_errors(errors: dict[str, int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="cachegate bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="cachegate bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--streams", default="500,2000", help="levels of concurrent streams, comma-separated")
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between chunks of a stream")
     parser.add_argument("--tokens", type=int, default=50, help="content chunks per stream")
@@ -173,16 +179,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--short-rate", type=float, default=400.0, help="requests/s in all (0: closed loop)")
     parser.add_argument("--baseline", type=Path, default=None, help="also run the gateway from this checkout")
     parser.add_argument("--no-router", action="store_true")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override the (branch) gateway's config, e.g. overload.max_lag_ms=500 (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override the (branch) gateway's config, e.g. overload.max_lag_ms=500 (repeatable)",
+    )
     args = parser.parse_args(argv)
     py = sys.executable
     up_port = free_port()
     upstream = f"http://127.0.0.1:{up_port}"
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-relay-")))
-        stack.enter_context(process([py, "-m", "loadtest.relay_upstream", "--port", str(up_port),
-                                     "--interval", str(args.interval)], upstream + "/health"))
+        stack.enter_context(
+            process(
+                [py, "-m", "loadtest.relay_upstream", "--port", str(up_port), "--interval", str(args.interval)],
+                upstream + "/health",
+            )
+        )
         cfg = gateway_config(tmp / "gateway.yaml", upstream, args.set)
         base_cfg = gateway_config(tmp / "baseline.yaml", upstream)
         targets: list[Target] = []
@@ -190,54 +205,129 @@ def main(argv: list[str] | None = None) -> None:
         for name, src in sources:
             conf = cfg if name == "cachegate" else base_cfg
             port = free_port()
-            cmd = [py, "-m", "gateway.cli", "serve", "--config", str(conf), "--port", str(port), "--log-level",
-                   "warning", "--policy", args.policy, "--workers", str(args.workers)]
+            cmd = [
+                py,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--config",
+                str(conf),
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                "--policy",
+                args.policy,
+                "--workers",
+                str(args.workers),
+            ]
             if args.redis_url:
                 cmd += ["--redis-url", args.redis_url]
             proc = stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/readyz", cwd=src))
             targets.append(Target(name, port, proc.pid))
         if not args.no_router and importlib.util.find_spec("sglang_router") is not None:
             port = free_port()
-            proc = stack.enter_context(process(
-                [py, "-m", "sglang_router.launch_router", "--worker-urls", upstream, "--policy", "round_robin",
-                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"], f"http://127.0.0.1:{port}/health"))
+            proc = stack.enter_context(
+                process(
+                    [
+                        py,
+                        "-m",
+                        "sglang_router.launch_router",
+                        "--worker-urls",
+                        upstream,
+                        "--policy",
+                        "round_robin",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--log-level",
+                        "warn",
+                    ],
+                    f"http://127.0.0.1:{port}/health",
+                )
+            )
             targets.append(Target("sglang-router", port, proc.pid))
-        print(f"upstream: one chunk every {args.interval * 1000:.0f} ms, {args.tokens} chunks per stream; "
-              f"gateway: {args.workers} worker(s), policy {args.policy}"
-              f"{', Redis ' + args.redis_url if args.redis_url else ', no Redis'}; load generator: its own process\n")
-        print("| streams | server | completed | errors | CPU s | CPU/chunk µs | × router | RSS MB | "
-              "transit p50 ms | transit p99 ms |")
+        print(
+            f"upstream: one chunk every {args.interval * 1000:.0f} ms, {args.tokens} chunks per stream; "
+            f"gateway: {args.workers} worker(s), policy {args.policy}"
+            f"{', Redis ' + args.redis_url if args.redis_url else ', no Redis'}; load generator: its own process\n"
+        )
+        print(
+            "| streams | server | completed | errors | CPU s | CPU/chunk µs | × router | RSS MB | "
+            "transit p50 ms | transit p99 ms |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for level in (int(s) for s in args.streams.split(",")):
             ramp = args.ramp or max(0.5, level / 1000)
             timeout = ramp + args.tokens * args.interval * 3 + 30
-            rows = [(t, measure(t, ["streams", "--streams", str(level), "--tokens", str(args.tokens),
-                                    "--ramp", str(ramp), "--timeout", str(timeout)])) for t in targets]
+            rows = [
+                (
+                    t,
+                    measure(
+                        t,
+                        [
+                            "streams",
+                            "--streams",
+                            str(level),
+                            "--tokens",
+                            str(args.tokens),
+                            "--ramp",
+                            str(ramp),
+                            "--timeout",
+                            str(timeout),
+                        ],
+                    ),
+                )
+                for t in targets
+            ]
             router = next((r for t, r in rows if t.name == "sglang-router"), None)
             ref = router["cpu_s"] / max(1, router["chunks"]) if router else None
             for t, r in rows:
                 per = r["cpu_s"] / max(1, r["chunks"])
                 ratio = f"{per / ref:.2f}" if ref else "-"
-                print(f"| {level} | {t.name} | {r['completed']} | {_fmt_errors(r['errors'])} | {r['cpu_s']:.1f} | "
-                      f"{per * 1e6:.1f} | {ratio} | {r['rss_mb']:.0f} | {r['transit_p50_ms']} | "
-                      f"{r['transit_p99_ms']} |", flush=True)
+                print(
+                    f"| {level} | {t.name} | {r['completed']} | {_fmt_errors(r['errors'])} | {r['cpu_s']:.1f} | "
+                    f"{per * 1e6:.1f} | {ratio} | {r['rss_mb']:.0f} | {r['transit_p50_ms']} | "
+                    f"{r['transit_p99_ms']} |",
+                    flush=True,
+                )
         if args.short_seconds:
             pace = f"{args.short_rate:.0f} requests/s in all" if args.short_rate else "closed loop"
-            print(f"\nshort requests: {args.short_connections} keep-alive connections, {pace}, "
-                  f"{args.short_seconds:.0f} s each\n")
+            print(
+                f"\nshort requests: {args.short_connections} keep-alive connections, {pace}, "
+                f"{args.short_seconds:.0f} s each\n"
+            )
             print("| server | requests | errors | req/s | CPU s | CPU s per 1,000 | × router |")
             print("|---|---|---|---|---|---|---|")
-            rows = [(t, measure(t, ["short", "--connections", str(args.short_connections),
-                                    "--seconds", str(args.short_seconds), "--rate", str(args.short_rate)]))
-                    for t in targets]
+            rows = [
+                (
+                    t,
+                    measure(
+                        t,
+                        [
+                            "short",
+                            "--connections",
+                            str(args.short_connections),
+                            "--seconds",
+                            str(args.short_seconds),
+                            "--rate",
+                            str(args.short_rate),
+                        ],
+                    ),
+                )
+                for t in targets
+            ]
             router = next((r for t, r in rows if t.name == "sglang-router"), None)
             ref = router["cpu_s"] / max(1, router["completed"]) if router else None
             for t, r in rows:
                 per = r["cpu_s"] / max(1, r["completed"])
                 ratio = f"{per / ref:.2f}" if ref else "-"
-                print(f"| {t.name} | {r['completed']} | {_fmt_errors(r['errors'])} | "
-                      f"{r['completed'] / r['wall_s']:.0f} | {r['cpu_s']:.1f} | {per * 1000:.2f} | {ratio} |",
-                      flush=True)
+                print(
+                    f"| {t.name} | {r['completed']} | {_fmt_errors(r['errors'])} | "
+                    f"{r['completed'] / r['wall_s']:.0f} | {r['cpu_s']:.1f} | {per * 1000:.2f} | {ratio} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

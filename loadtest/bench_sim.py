@@ -19,17 +19,30 @@ def _one(args: tuple[int, int, float]) -> dict:
 
     backends, conversations, minutes = args
     cpu, wall = time.process_time(), time.perf_counter()
-    row = run_one(SimConfig(profile="b300-tp8-fp8-hicache", backends=backends, policy="gateway",
-                            conversations=conversations, minutes=minutes, warmup_minutes=min(5.0, minutes / 4)))
-    return {"backends": backends, "conversations": conversations, "minutes": minutes,
-            "cpu_s": round(time.process_time() - cpu, 1), "wall_s": round(time.perf_counter() - wall, 1),
-            "requests_per_min": row["completed_rpm"], "total_tpm": row["total_tpm"]}
+    row = run_one(
+        SimConfig(
+            profile="b300-tp8-fp8-hicache",
+            backends=backends,
+            policy="gateway",
+            conversations=conversations,
+            minutes=minutes,
+            warmup_minutes=min(5.0, minutes / 4),
+        )
+    )
+    return {
+        "backends": backends,
+        "conversations": conversations,
+        "minutes": minutes,
+        "cpu_s": round(time.process_time() - cpu, 1),
+        "wall_s": round(time.perf_counter() - wall, 1),
+        "requests_per_min": row["completed_rpm"],
+        "total_tpm": row["total_tpm"],
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--grid", default="8x375,16x750,32x1500,64x3000,64x750,64x1500",
-                    help="BACKENDSxCONVERSATIONS,...")
+    ap.add_argument("--grid", default="8x375,16x750,32x1500,64x3000,64x750,64x1500", help="BACKENDSxCONVERSATIONS,...")
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
@@ -42,8 +55,10 @@ def main() -> None:
     print("| Backends | Conversations | Simulated min | CPU s | Wall s | Requests/min (simulated) |")
     print("|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r["backends"], r["conversations"])):
-        print(f"| {r['backends']} | {r['conversations']} | {r['minutes']:g} | {r['cpu_s']} | {r['wall_s']} | "
-              f"{r['requests_per_min']:.0f} |")
+        print(
+            f"| {r['backends']} | {r['conversations']} | {r['minutes']:g} | {r['cpu_s']} | {r['wall_s']} | "
+            f"{r['requests_per_min']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

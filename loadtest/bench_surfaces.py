@@ -25,12 +25,29 @@ from loadtest.bench_overhead import MODEL, _free_port, _process, _q
 SYSTEM = "You are a coding agent. " * 40
 USER = "Fix the bug in main.py. " * 20
 BODIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "chat": ("/v1/chat/completions", {"model": MODEL, "stream": True, "max_tokens": 8, "messages": [
-        {"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]}),
-    "messages": ("/v1/messages", {"model": MODEL, "stream": True, "max_tokens": 8, "system": SYSTEM,
-                                  "messages": [{"role": "user", "content": USER}]}),
-    "responses": ("/v1/responses", {"model": MODEL, "stream": True, "max_output_tokens": 8, "instructions": SYSTEM,
-                                    "input": USER, "store": False}),
+    "chat": (
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "stream": True,
+            "max_tokens": 8,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}],
+        },
+    ),
+    "messages": (
+        "/v1/messages",
+        {
+            "model": MODEL,
+            "stream": True,
+            "max_tokens": 8,
+            "system": SYSTEM,
+            "messages": [{"role": "user", "content": USER}],
+        },
+    ),
+    "responses": (
+        "/v1/responses",
+        {"model": MODEL, "stream": True, "max_output_tokens": 8, "instructions": SYSTEM, "input": USER, "store": False},
+    ),
 }
 
 
@@ -53,10 +70,37 @@ def main() -> None:
     args = parser.parse_args()
     up_port, gw_port = _free_port(), _free_port()
     up, gw = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
-    upstream = [sys.executable, "-m", "uvicorn", "loadtest.bench_overhead:upstream_app", "--port", str(up_port),
-                "--log-level", "warning", "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
-    gateway = [sys.executable, "-m", "gateway.cli", "serve", "--backend", up, "--model", MODEL, "--port", str(gw_port),
-               "--log-level", "warning", "--access-log", "off"]
+    upstream = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "loadtest.bench_overhead:upstream_app",
+        "--port",
+        str(up_port),
+        "--log-level",
+        "warning",
+        "--loop",
+        "uvloop",
+        "--http",
+        "httptools",
+        "--no-access-log",
+    ]
+    gateway = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--backend",
+        up,
+        "--model",
+        MODEL,
+        "--port",
+        str(gw_port),
+        "--log-level",
+        "warning",
+        "--access-log",
+        "off",
+    ]
     with _process(upstream, up + "/health"), _process(gateway, gw + "/readyz"), httpx.Client(timeout=30) as client:
         for _ in range(50):  # warm every path
             for surface in BODIES:
@@ -71,14 +115,24 @@ def main() -> None:
     for values in (*first.values(), *last.values()):
         values.sort()
     print(f"{args.requests} sequential streamed requests per surface, interleaved; instant upstream (8 chunks)")
-    print("| surface | first byte p50 | first byte p99 | whole stream p50 | whole stream p99 "
-          "| added over chat p50 | added over chat p99 |")
+    print(
+        "| surface | first byte p50 | first byte p99 | whole stream p50 | whole stream p99 "
+        "| added over chat p50 | added over chat p99 |"
+    )
     print("|---|---|---|---|---|---|---|")
     for surface in BODIES:
-        added = (f"{_q(last[surface], .5) - _q(last['chat'], .5):+.2f} ms | "
-                 f"{_q(last[surface], .99) - _q(last['chat'], .99):+.2f} ms") if surface != "chat" else "- | -"
-        print(f"| {surface} | {_q(first[surface], .5):.2f} ms | {_q(first[surface], .99):.2f} ms | "
-              f"{_q(last[surface], .5):.2f} ms | {_q(last[surface], .99):.2f} ms | {added} |")
+        added = (
+            (
+                f"{_q(last[surface], 0.5) - _q(last['chat'], 0.5):+.2f} ms | "
+                f"{_q(last[surface], 0.99) - _q(last['chat'], 0.99):+.2f} ms"
+            )
+            if surface != "chat"
+            else "- | -"
+        )
+        print(
+            f"| {surface} | {_q(first[surface], 0.5):.2f} ms | {_q(first[surface], 0.99):.2f} ms | "
+            f"{_q(last[surface], 0.5):.2f} ms | {_q(last[surface], 0.99):.2f} ms | {added} |"
+        )
 
 
 if __name__ == "__main__":

@@ -24,15 +24,35 @@ from gateway.translate.responses_stream import ResponsesStream
 
 def upstream(n: int) -> bytes:
     """SSE bytes of one turn: a third reasoning, a third text, a third tool-call arguments."""
+
     def chunk(delta: dict[str, object], finish: str | None = None) -> bytes:
-        body = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "kimi",
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], "usage": None}
+        body = {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "kimi",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "usage": None,
+        }
         return b"data: " + orjson.dumps(body) + b"\n\n"
+
     third = n // 3
     out = [chunk({"reasoning_content": "abcd"}) for _ in range(third)]
     out += [chunk({"content": "efgh"}) for _ in range(third)]
-    out.append(chunk({"tool_calls": [{"index": 0, "id": "functions.read_file:0", "type": "function",
-                                      "function": {"name": "read_file", "arguments": '{"p'}}]}))
+    out.append(
+        chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "functions.read_file:0",
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": '{"p'},
+                    }
+                ]
+            }
+        )
+    )
     out += [chunk({"tool_calls": [{"index": 0, "function": {"arguments": "ijkl"}}]}) for _ in range(n - 2 * third - 1)]
     out.append(chunk({}, "tool_calls"))
     usage = {"prompt_tokens": 1000, "completion_tokens": n, "prompt_tokens_details": {"cached_tokens": 900}}

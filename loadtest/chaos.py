@@ -45,8 +45,9 @@ class Tally:
 class Load:
     """Closed-loop clients per team (``workers`` each), or open-loop at ``rate`` requests/s overall."""
 
-    def __init__(self, stack: Stack, workers: int = 8, disconnect_p: float = 0.0, rate: float | None = None,
-                 seed: int = 1) -> None:
+    def __init__(
+        self, stack: Stack, workers: int = 8, disconnect_p: float = 0.0, rate: float | None = None, seed: int = 1
+    ) -> None:
         self.stack = stack
         self.workers = workers
         self.disconnect_p = disconnect_p
@@ -57,8 +58,10 @@ class Load:
         self.stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[None]] = set()
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(60, connect=5),
-                                        limits=httpx.Limits(max_connections=400, max_keepalive_connections=100))
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(60, connect=5),
+            limits=httpx.Limits(max_connections=400, max_keepalive_connections=100),
+        )
         self._n = 0
 
     def start(self) -> None:
@@ -92,8 +95,13 @@ class Load:
         self._n += 1
         conv = self.rng.randrange(40)
         text = f"conversation {conv} " + "lorem ipsum dolor sit amet " * self.rng.randrange(20, 200)
-        return {"model": "m", "messages": [{"role": "user", "content": text}], "user": team,
-                "max_tokens": self.rng.randrange(8, 48), "stream": self.rng.random() < 0.5}
+        return {
+            "model": "m",
+            "messages": [{"role": "user", "content": text}],
+            "user": team,
+            "max_tokens": self.rng.randrange(8, 48),
+            "stream": self.rng.random() < 0.5,
+        }
 
     async def one(self, team: str) -> None:
         urls = self.stack.urls
@@ -143,8 +151,15 @@ def _p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def run_faults(total: int, replicas: int = 2, limit: int = 4, seed: int = 1, redis_restarts: int = 10,
-                     skip: tuple[str, ...] = (), out: Any = print) -> dict[str, Any]:
+async def run_faults(
+    total: int,
+    replicas: int = 2,
+    limit: int = 4,
+    seed: int = 1,
+    redis_restarts: int = 10,
+    skip: tuple[str, ...] = (),
+    out: Any = print,
+) -> dict[str, Any]:
     """Inject about ``total`` faults of every kind across ``replicas`` replicas on Redis; print the table."""
     stack = Stack(twins=2, replicas=replicas, limit=limit)
     rng = random.Random(seed)
@@ -162,8 +177,9 @@ async def run_faults(total: int, replicas: int = 2, limit: int = 4, seed: int = 
         # Cheap faults come many at a time; each injection counts once.
         for kind in order:
             fault: Fault = FAULTS[kind]
-            row = rows.setdefault(kind, {"n": 0, "sent": 0, "errors": Counter(), "peak": Counter(),
-                                         "detect": [], "recover": []})
+            row = rows.setdefault(
+                kind, {"n": 0, "sent": 0, "errors": Counter(), "peak": Counter(), "detect": [], "recover": []}
+            )
             sent0, errors0 = load.tally.sent, Counter(load.tally.errors)
             stack.meter.reset_peaks()
             result = await fault(stack, probe, rng)
@@ -177,10 +193,18 @@ async def run_faults(total: int, replicas: int = 2, limit: int = 4, seed: int = 
                 if result.get(key) is not None:
                     row[key].append(result[key])
             if kind not in ("oversized_body", "nested_body"):  # the timeline of the slow faults
-                out(f"  t={time.monotonic() - t_start:6.1f} s {kind:<15} sent {load.tally.sent - sent0:4d} "
-                    f"peak {dict(stack.meter.peak)} errors {dict(load.tally.errors - errors0)}")
-        rows["client_disconnect"] = {"n": load.disconnects, "sent": 0, "errors": Counter(), "peak": Counter(),
-                                     "detect": [], "recover": []}
+                out(
+                    f"  t={time.monotonic() - t_start:6.1f} s {kind:<15} sent {load.tally.sent - sent0:4d} "
+                    f"peak {dict(stack.meter.peak)} errors {dict(load.tally.errors - errors0)}"
+                )
+        rows["client_disconnect"] = {
+            "n": load.disconnects,
+            "sent": 0,
+            "errors": Counter(),
+            "peak": Counter(),
+            "detect": [],
+            "recover": [],
+        }
     finally:
         await load.stop()
         end = await probe.settle(stack.lease_ttl_s + 3)
@@ -190,21 +214,35 @@ async def run_faults(total: int, replicas: int = 2, limit: int = 4, seed: int = 
         await stack.close()
     faults = sum(r["n"] for r in rows.values())
     _print_table(rows, limit, out)
-    out(f"faults injected: {faults}; requests sent: {load.tally.sent}; "
-        f"ok: {len(load.tally.latencies)}; errors: {sum(load.tally.errors.values())}")
-    out(f"left at the end: slots in flight {end['inflight']}, waiting {end['waiting']}, "
-        f"Redis leases {end['leases']}, at the twins {end['at_twins']}")
+    out(
+        f"faults injected: {faults}; requests sent: {load.tally.sent}; "
+        f"ok: {len(load.tally.latencies)}; errors: {sum(load.tally.errors.values())}"
+    )
+    out(
+        f"left at the end: slots in flight {end['inflight']}, waiting {end['waiting']}, "
+        f"Redis leases {end['leases']}, at the twins {end['at_twins']}"
+    )
     out(f"replica logs: {end['degraded']} switches to degraded mode, {end['redis_back']} back to shared")
     peak = max((max(r["peak"].values(), default=0) for r in rows.values()), default=0)
-    out(f"peak in flight per team at the twins: {peak} (limit {limit}) -> "
+    out(
+        f"peak in flight per team at the twins: {peak} (limit {limit}) -> "
         f"{'PASS' if peak <= limit else 'FAIL'}; leaks: "
-        f"{'PASS' if end['inflight'] == end['waiting'] == end['leases'] == 0 else 'FAIL'}")
+        f"{'PASS' if end['inflight'] == end['waiting'] == end['leases'] == 0 else 'FAIL'}"
+    )
     return {"rows": rows, "end": end, "faults": faults, "peak": peak}
 
 
 def _plan(total: int, redis_restarts: int) -> dict[str, int]:
-    heavy = {"backend_kill": 4, "backend_hang": 4, "backend_5xx": 8, "redis_stop": 3, "redis_restart": redis_restarts,
-             "redis_flush": 3, "replica_kill": 3, "slow_clients": 6}
+    heavy = {
+        "backend_kill": 4,
+        "backend_hang": 4,
+        "backend_5xx": 8,
+        "redis_stop": 3,
+        "redis_restart": redis_restarts,
+        "redis_flush": 3,
+        "replica_kill": 3,
+        "slow_clients": 6,
+    }
     rest = max(0, total - sum(heavy.values()) - 40)  # at least 40 client disconnects come from the load
     heavy["oversized_body"] = rest // 2
     heavy["nested_body"] = rest - rest // 2
@@ -221,8 +259,9 @@ def _print_table(rows: dict[str, dict[str, Any]], limit: int, out: Any) -> None:
         out(f"{kind:<18} {r['n']:>5} {r['sent']:>6} {peak:>15} {det:>9} {rec:>9}  {errs}")
 
 
-async def run_soak(minutes: float, rate: float, interval_s: float = 30.0, warmup_minutes: float = 3.0,
-                   out: Any = print) -> dict[str, Any]:
+async def run_soak(
+    minutes: float, rate: float, interval_s: float = 30.0, warmup_minutes: float = 3.0, out: Any = print
+) -> dict[str, Any]:
     """One replica on Redis, open-loop load at ``rate`` req/s, no faults: RSS, fds and errors over time."""
     stack = Stack(twins=1, replicas=1, limit=16)
     await stack.start()
@@ -238,7 +277,7 @@ async def run_soak(minutes: float, rate: float, interval_s: float = 30.0, warmup
             t = (time.monotonic() - started) / 60
             errors = sum(load.tally.errors.values())
             samples.append((t, rss, fds, load.tally.sent, errors))
-            p50 = _p(load.tally.latencies[-500:], .5)
+            p50 = _p(load.tally.latencies[-500:], 0.5)
             out(f"{t:6.1f} {rss:8.1f} {fds:5d} {load.tally.sent:7d} {errors:7d}  {p50:.3f}")
     finally:
         await load.stop()
@@ -246,10 +285,16 @@ async def run_soak(minutes: float, rate: float, interval_s: float = 30.0, warmup
     after = [s for s in samples if s[0] >= warmup_minutes] or samples
     growth = (after[-1][1] - after[0][1]) / after[0][1] * 100 if after else float("nan")
     fds = [s[2] for s in after]
-    out(f"RSS after warm-up {after[0][1]:.1f} -> {after[-1][1]:.1f} MB ({growth:+.1f}%), fds {min(fds)}-{max(fds)}, "
-        f"requests {load.tally.sent}, errors {dict(load.tally.errors)}")
-    return {"growth_pct": growth, "fds": (min(fds), max(fds)), "errors": sum(load.tally.errors.values()),
-            "sent": load.tally.sent}
+    out(
+        f"RSS after warm-up {after[0][1]:.1f} -> {after[-1][1]:.1f} MB ({growth:+.1f}%), fds {min(fds)}-{max(fds)}, "
+        f"requests {load.tally.sent}, errors {dict(load.tally.errors)}"
+    )
+    return {
+        "growth_pct": growth,
+        "fds": (min(fds), max(fds)),
+        "errors": sum(load.tally.errors.values()),
+        "sent": load.tally.sent,
+    }
 
 
 async def run_slow(connections: int, hold_s: float, rate: float = 8.0, out: Any = print) -> dict[str, Any]:
@@ -266,8 +311,12 @@ async def run_slow(connections: int, hold_s: float, rate: float = 8.0, out: Any 
         # The attackers run in a process of their own, so that their work does not slow the client
         # that measures the normal requests.
         attack = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", f"import asyncio; from loadtest.chaos import attack; "
-            f"asyncio.run(attack({host!r}, {port}, {connections}, {hold_s}))", stdout=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-c",
+            f"import asyncio; from loadtest.chaos import attack; "
+            f"asyncio.run(attack({host!r}, {port}, {connections}, {hold_s}))",
+            stdout=asyncio.subprocess.PIPE,
+        )
         attack_started = time.monotonic()
         await asyncio.sleep(5)
         _, peak_fds = proc_stats(pid)
@@ -284,14 +333,23 @@ async def run_slow(connections: int, hold_s: float, rate: float = 8.0, out: Any 
             await asyncio.sleep(0.25)
         output, _ = await attack.communicate()
         closed = [0.0] * int(output.decode().strip().splitlines()[-1] or 0)
-        result = {"unloaded_p99": _p(unloaded.latencies, .99), "loaded_p99": _p(loaded.latencies, .99),
-                  "errors": dict(loaded.errors), "base_fds": base_fds, "peak_fds": peak_fds, "held_fds": held_fds,
-                  "fds_back_s": back, "closed_by_gateway": len(closed)}
-        out(f"{connections} slow connections held {hold_s:g} s: p99 unloaded {result['unloaded_p99']:.3f} s, "
+        result = {
+            "unloaded_p99": _p(unloaded.latencies, 0.99),
+            "loaded_p99": _p(loaded.latencies, 0.99),
+            "errors": dict(loaded.errors),
+            "base_fds": base_fds,
+            "peak_fds": peak_fds,
+            "held_fds": held_fds,
+            "fds_back_s": back,
+            "closed_by_gateway": len(closed),
+        }
+        out(
+            f"{connections} slow connections held {hold_s:g} s: p99 unloaded {result['unloaded_p99']:.3f} s, "
             f"loaded {result['loaded_p99']:.3f} s ({result['loaded_p99'] / result['unloaded_p99']:.2f}x), errors "
             f"{result['errors']}; fds baseline {base_fds}, with them {peak_fds}, at the end {held_fds}; "
             f"closed by the gateway {len(closed)} times; fds back to baseline "
-            f"{f'after {back:.1f} s' if back is not None else 'NOT within 30 s'}")
+            f"{f'after {back:.1f} s' if back is not None else 'NOT within 30 s'}"
+        )
     finally:
         await stack.close()
     return result
@@ -355,8 +413,9 @@ async def run_hol(seconds: float = 30.0, out: Any = print) -> dict[str, Any]:
     stack = Stack(twins=1, replicas=1, limit=8, redis=False)
     await stack.start()
     url = stack.urls[0]
-    oversized = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "word " * 140_000}],
-                              "user": "a"})  # encoded once: the client's own encoding is not the gateway's time
+    oversized = orjson.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "word " * 140_000}], "user": "a"}
+    )  # encoded once: the client's own encoding is not the gateway's time
     refusals: list[float] = []
     codes: Counter[str] = Counter()
     stop = asyncio.Event()
@@ -365,9 +424,11 @@ async def run_hol(seconds: float = 30.0, out: Any = print) -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=30) as client:
             while not stop.is_set():
                 t0 = time.monotonic()
-                r = await client.post(url + "/v1/chat/completions", content=oversized,
-                                      headers={"authorization": f"Bearer {TEAMS['a']}",
-                                               "content-type": "application/json"})
+                r = await client.post(
+                    url + "/v1/chat/completions",
+                    content=oversized,
+                    headers={"authorization": f"Bearer {TEAMS['a']}", "content-type": "application/json"},
+                )
                 refusals.append(time.monotonic() - t0)
                 codes[f"{r.status_code}:{r.json().get('error', {}).get('code')}"] += 1
 
@@ -380,14 +441,25 @@ async def run_hol(seconds: float = 30.0, out: Any = print) -> dict[str, Any]:
         await task
     finally:
         await stack.close()
-    res = {"refusal_p50": _p(refusals, .5), "refusal_p99": _p(refusals, .99), "refusal_max": max(refusals),
-           "refused": dict(codes), "b_p99_alone": _p(alone.latencies, .99), "b_p99_with": _p(with_hol.latencies, .99),
-           "b_max_alone": max(alone.latencies), "b_max_with": max(with_hol.latencies),
-           "b_errors": dict(with_hol.errors)}
-    out(f"oversized prompt: {len(refusals)} tries {dict(codes)}, refused in p50 {res['refusal_p50'] * 1e3:.1f} ms, "
-        f"p99 {res['refusal_p99'] * 1e3:.1f} ms, max {res['refusal_max'] * 1e3:.1f} ms")
-    out(f"team b on the same backend: p99 {res['b_p99_alone']:.3f} s alone, {res['b_p99_with']:.3f} s meanwhile "
-        f"(max {res['b_max_alone']:.3f} / {res['b_max_with']:.3f} s), errors {res['b_errors']}")
+    res = {
+        "refusal_p50": _p(refusals, 0.5),
+        "refusal_p99": _p(refusals, 0.99),
+        "refusal_max": max(refusals),
+        "refused": dict(codes),
+        "b_p99_alone": _p(alone.latencies, 0.99),
+        "b_p99_with": _p(with_hol.latencies, 0.99),
+        "b_max_alone": max(alone.latencies),
+        "b_max_with": max(with_hol.latencies),
+        "b_errors": dict(with_hol.errors),
+    }
+    out(
+        f"oversized prompt: {len(refusals)} tries {dict(codes)}, refused in p50 {res['refusal_p50'] * 1e3:.1f} ms, "
+        f"p99 {res['refusal_p99'] * 1e3:.1f} ms, max {res['refusal_max'] * 1e3:.1f} ms"
+    )
+    out(
+        f"team b on the same backend: p99 {res['b_p99_alone']:.3f} s alone, {res['b_p99_with']:.3f} s meanwhile "
+        f"(max {res['b_max_alone']:.3f} / {res['b_max_with']:.3f} s), errors {res['b_errors']}"
+    )
     return res
 
 

@@ -50,10 +50,16 @@ class Probe:
         await asyncio.sleep(wait_s)
         states = [await self.stack.admin_state(self.client, u) for u in self.stack.urls]
         inflight = sum(int((s or {}).get("core", {}).get("running", 0)) for s in states)
-        waiting = sum(int((s or {}).get("core", {}).get("waiting", 0)) + int((s or {}).get("waiting", 0))
-                      for s in states)
-        return {"inflight": inflight, "waiting": waiting, "leases": self.stack.leases(),
-                "at_twins": sum(self.stack.meter.inflight.values()), "replicas_answering": sum(1 for s in states if s)}
+        waiting = sum(
+            int((s or {}).get("core", {}).get("waiting", 0)) + int((s or {}).get("waiting", 0)) for s in states
+        )
+        return {
+            "inflight": inflight,
+            "waiting": waiting,
+            "leases": self.stack.leases(),
+            "at_twins": sum(self.stack.meter.inflight.values()),
+            "replicas_answering": sum(1 for s in states if s),
+        }
 
 
 def _healthy(name: str, want: bool) -> Callable[[list[dict[str, Any]]], bool]:
@@ -186,8 +192,11 @@ async def _bad_body(stack: Stack, rng: random.Random, raw: bytes, want: set[str]
     t0 = time.monotonic()
     async with httpx.AsyncClient(timeout=10) as client:
         try:
-            r = await client.post(url + "/v1/chat/completions", content=raw,
-                                  headers={"authorization": f"Bearer {TEAMS['a']}", "content-type": "application/json"})
+            r = await client.post(
+                url + "/v1/chat/completions",
+                content=raw,
+                headers={"authorization": f"Bearer {TEAMS['a']}", "content-type": "application/json"},
+            )
             took = time.monotonic() - t0
             code = ""
             with contextlib.suppress(ValueError, KeyError, TypeError):
@@ -203,17 +212,32 @@ async def _bad_body(stack: Stack, rng: random.Random, raw: bytes, want: set[str]
 async def oversized_body(stack: Stack, probe: Probe, rng: random.Random) -> dict[str, Any]:
     # 55k+ words: 275+ KB, 68k+ tokens at the twin's 4 bytes per token, past the tiny profile's whole
     # 65,536-token KV pool (below that, a prompt under high_water · 65,536 may rightly run)
-    body = {"model": "m", "messages": [{"role": "user", "content": "word " * rng.randrange(55_000, 140_000)}],
-            "user": "a"}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "word " * rng.randrange(55_000, 140_000)}],
+        "user": "a",
+    }
     return await _bad_body(stack, rng, orjson.dumps(body), {"context_length_exceeded"})
 
 
 async def nested_body(stack: Stack, probe: Probe, rng: random.Random) -> dict[str, Any]:
     depth = rng.randrange(65, 2_000)
-    raw = (b'{"model":"m","messages":[{"role":"user","content":"x"}],"tools":' + b"[" * depth + b"]" * depth + b"}")
+    raw = b'{"model":"m","messages":[{"role":"user","content":"x"}],"tools":' + b"[" * depth + b"]" * depth + b"}"
     return await _bad_body(stack, rng, raw, {"request_too_complex", "invalid_json"})
 
 
-FAULTS: dict[str, Fault] = {f.__name__: f for f in (backend_kill, backend_hang, backend_5xx, redis_stop, redis_restart,
-                                                    redis_flush, replica_kill, slow_clients, oversized_body,
-                                                    nested_body)}
+FAULTS: dict[str, Fault] = {
+    f.__name__: f
+    for f in (
+        backend_kill,
+        backend_hang,
+        backend_5xx,
+        redis_stop,
+        redis_restart,
+        redis_flush,
+        replica_kill,
+        slow_clients,
+        oversized_body,
+        nested_body,
+    )
+}

@@ -103,8 +103,10 @@ class FaultProxy:
                     await self._resume.wait()
                 if self.mode == "5xx" and head.startswith(b"POST"):
                     payload = b'{"object":"error","message":"injected 5xx","type":"InternalServerError","code":503}'
-                    writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-                                 b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+                    writer.write(
+                        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+                    )
                     await writer.drain()
                     continue
                 if upstream is None:
@@ -122,8 +124,13 @@ class FaultProxy:
                         self.meter.end(team, reader)
                 if not keep:
                     return  # closes the twin's connection too: the twin aborts the request
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, OSError,
-                asyncio.CancelledError):  # CancelledError: the run is over
+        except (
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ConnectionError,
+            OSError,
+            asyncio.CancelledError,
+        ):  # CancelledError: the run is over
             return
         finally:
             for w in (writer, upstream[1] if upstream else None):
@@ -145,8 +152,9 @@ def _header_int(head: bytes, name: bytes) -> int:
     return 0
 
 
-async def _relay_or_leave(up: asyncio.StreamReader, client: asyncio.StreamReader,
-                          down: asyncio.StreamWriter, done: Callable[[], None]) -> bool:
+async def _relay_or_leave(
+    up: asyncio.StreamReader, client: asyncio.StreamReader, down: asyncio.StreamWriter, done: Callable[[], None]
+) -> bool:
     """Relay one response unless the client (the gateway) closes first: then False (close both).
     EOF is watched without reading, so no byte of a next request is ever taken."""
     relay = asyncio.create_task(_relay_response(up, down, done))

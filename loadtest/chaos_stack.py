@@ -37,8 +37,13 @@ class Proc:
 
     def start(self, env: dict[str, str] | None = None) -> None:
         self.log = self.log or tempfile.TemporaryFile()  # noqa: SIM115 (closed with the process)
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=self.log, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -92,13 +97,41 @@ class Stack:
 
     async def start(self) -> None:
         if self.redis:
-            self.redis_proc = Proc(["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save",
-                                    "", "--appendonly", "no", "--dir", self.redis_dir], self.redis_port)
+            self.redis_proc = Proc(
+                [
+                    "redis-server",
+                    "--port",
+                    str(self.redis_port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    self.redis_dir,
+                ],
+                self.redis_port,
+            )
             self.start_redis()
         for _ in range(self.twins):
             port = free_port()
-            twin = Proc([sys.executable, "-m", "backends.sim.cli", "--profile", "tiny", "--port", str(port),
-                         "--time-scale", str(self.time_scale), "--abort-delay", "0.2"], port)
+            twin = Proc(
+                [
+                    sys.executable,
+                    "-m",
+                    "backends.sim.cli",
+                    "--profile",
+                    "tiny",
+                    "--port",
+                    str(port),
+                    "--time-scale",
+                    str(self.time_scale),
+                    "--abort-delay",
+                    "0.2",
+                ],
+                port,
+            )
             twin.start()
             self.twin_procs.append(twin)
             proxy = FaultProxy(port, free_port(), self.meter)
@@ -111,8 +144,17 @@ class Stack:
             f.write(self._config())
         for _ in range(self.replicas):
             port = free_port()
-            cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", config, "--port", str(port),
-                   *(a for team, key in TEAMS.items() for a in ("--api-key", f"{key}={team}"))]
+            cmd = [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--config",
+                config,
+                "--port",
+                str(port),
+                *(a for team, key in TEAMS.items() for a in ("--api-key", f"{key}={team}")),
+            ]
             if self.redis:
                 cmd += ["--redis-url", self.redis_url]
             self.replica_procs.append(Proc(cmd, port))
@@ -123,17 +165,20 @@ class Stack:
 
     def _config(self) -> str:
         backends = ", ".join(f'{{name: b{i}, url: "{p.url}"}}' for i, p in enumerate(self.proxies))
-        teams = "\n".join(f"  {t}: {{max_concurrency: {self.limit}, max_queue: 64, queue_timeout_s: 20}}"
-                          for t in TEAMS)
-        return (f"models:\n  m: {{upstream_model: moonshotai/Kimi-K2-Instruct, backends: [{backends}]}}\n"
-                f"teams:\n{teams}\nlease_ttl_s: {self.lease_ttl_s}\nlog_level: warning\n"
-                "health: {interval_s: 0.5, timeout_s: 1.0, failures_to_eject: 2, load_interval_s: 1.0}\n"
-                "upstream: {idle_timeout_s: 10, connect_timeout_s: 1}\n"
-                f"server: {{header_timeout_s: {self.header_timeout_s}, body_timeout_s: 20, body_idle_timeout_s: 5}}\n"
-                # Seat holds scaled like the twins' time (30 s and 20 s of engine time at 0.05): else the
-                # load's many short conversations fill the seats for 30 wall seconds.
-                f"admission: {{idle_release_s: {30 * self.time_scale:g}, min_hold_s: {20 * self.time_scale:g}}}\n"
-                + self.extra_config)
+        teams = "\n".join(
+            f"  {t}: {{max_concurrency: {self.limit}, max_queue: 64, queue_timeout_s: 20}}" for t in TEAMS
+        )
+        return (
+            f"models:\n  m: {{upstream_model: moonshotai/Kimi-K2-Instruct, backends: [{backends}]}}\n"
+            f"teams:\n{teams}\nlease_ttl_s: {self.lease_ttl_s}\nlog_level: warning\n"
+            "health: {interval_s: 0.5, timeout_s: 1.0, failures_to_eject: 2, load_interval_s: 1.0}\n"
+            "upstream: {idle_timeout_s: 10, connect_timeout_s: 1}\n"
+            f"server: {{header_timeout_s: {self.header_timeout_s}, body_timeout_s: 20, body_idle_timeout_s: 5}}\n"
+            # Seat holds scaled like the twins' time (30 s and 20 s of engine time at 0.05): else the
+            # load's many short conversations fill the seats for 30 wall seconds.
+            f"admission: {{idle_release_s: {30 * self.time_scale:g}, min_hold_s: {20 * self.time_scale:g}}}\n"
+            + self.extra_config
+        )
 
     def start_redis(self) -> None:
         assert self.redis_proc is not None

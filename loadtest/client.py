@@ -101,13 +101,20 @@ class _Runner:
         key = self.keys.get(rec.team) or self.cfg.api_key
         if key:
             headers["authorization"] = f"Bearer {key}"
-        body = {"model": self.cfg.model, "messages": messages, "max_tokens": max_tokens, "stream": True,
-                "stream_options": {"include_usage": True}, "temperature": 0,
-                "ignore_eos": True}  # SGLang's flag: exactly the workload's answer length
+        body = {
+            "model": self.cfg.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+            "ignore_eos": True,
+        }  # SGLang's flag: exactly the workload's answer length
         parts: list[str] = []
         try:
-            async with self.http.stream("POST", f"{url}/v1/chat/completions", content=orjson.dumps(body),
-                                        headers=headers) as resp:
+            async with self.http.stream(
+                "POST", f"{url}/v1/chat/completions", content=orjson.dumps(body), headers=headers
+            ) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
                     rec.error = f"http_{resp.status_code}"
@@ -125,8 +132,9 @@ class _Runner:
                     for choice in chunk.get("choices") or ():
                         delta = choice.get("delta") or {}
                         text = delta.get("content") or ""
-                        if rec.first_token is None and (text or delta.get("reasoning_content")
-                                                        or delta.get("tool_calls")):
+                        if rec.first_token is None and (
+                            text or delta.get("reasoning_content") or delta.get("tool_calls")
+                        ):
                             rec.first_token = self.now()
                         parts.append(text)
                     usage = chunk.get("usage")
@@ -201,11 +209,16 @@ def _message(seg: Segment) -> dict:
     return {"role": seg.role, "content": seg.text()}
 
 
-async def run_level(cfg: LiveConfig, state: LevelState | None = None,
-                    stop: asyncio.Event | None = None) -> dict:
+async def run_level(cfg: LiveConfig, state: LevelState | None = None, stop: asyncio.Event | None = None) -> dict:
     """One concurrency level; returns its row (the simulator's fields where they apply)."""
-    workload = make_workload(cfg.workload, seed=cfg.seed, scale=cfg.scale, think_scale=cfg.think_scale,
-                             speedup=cfg.speedup, warm_start=cfg.warm_start)
+    workload = make_workload(
+        cfg.workload,
+        seed=cfg.seed,
+        scale=cfg.scale,
+        think_scale=cfg.think_scale,
+        speedup=cfg.speedup,
+        warm_start=cfg.warm_start,
+    )
     teams = cfg.teams or [TeamSpec("default", cfg.conversations)]
     state = state or LevelState(sum(t.conversations for t in teams))
     interrupted = stop is not None and stop.is_set()
@@ -228,10 +241,17 @@ async def run_level(cfg: LiveConfig, state: LevelState | None = None,
         state.ended = time.monotonic()
     end = min(runner.now(), cfg.duration_s)
     closed = isinstance(workload, CodingAgent)
-    row: dict = {"system": cfg.system, "base_urls": cfg.base_urls, "model": cfg.model,
-                 "workload": workload.name, "seed": cfg.seed,
-                 "conversations": state.conversations if closed else None, "duration_s": round(end, 2),
-                 "requests": len(state.records), "interrupted": bool(stop is not None and stop.is_set())}
+    row: dict = {
+        "system": cfg.system,
+        "base_urls": cfg.base_urls,
+        "model": cfg.model,
+        "workload": workload.name,
+        "seed": cfg.seed,
+        "conversations": state.conversations if closed else None,
+        "duration_s": round(end, 2),
+        "requests": len(state.records),
+        "interrupted": bool(stop is not None and stop.is_set()),
+    }
     start = min(cfg.warmup_s, end)
     slots = dict(enumerate(slot_teams(teams))) if closed else None
     row.update(summarize(state.records, start, end, slots=slots, backends=cfg.base_urls))
@@ -247,13 +267,23 @@ def progress_table(states: list[LevelState], system: str):  # type: ignore[no-un
         table.add_column(col, justify="right")
     for s in states:
         p50 = s.ttft_p50()
-        table.add_row(str(s.conversations), f"{s.elapsed():.0f} s" + ("" if s.done else " …"),
-                      str(s.completed()), "-" if p50 is None else f"{p50:.2f} s")
+        table.add_row(
+            str(s.conversations),
+            f"{s.elapsed():.0f} s" + ("" if s.done else " …"),
+            str(s.completed()),
+            "-" if p50 is None else f"{p50:.2f} s",
+        )
     return table
 
 
-async def sweep(base: LiveConfig, levels: list[int], *, show_progress: bool = True,
-                on_level: Callable[[LiveConfig], None] | None = None, vary_seed: bool = False) -> list[dict]:
+async def sweep(
+    base: LiveConfig,
+    levels: list[int],
+    *,
+    show_progress: bool = True,
+    on_level: Callable[[LiveConfig], None] | None = None,
+    vary_seed: bool = False,
+) -> list[dict]:
     """Run ``levels`` one after the other; Ctrl-C stops cleanly and keeps the finished rows (and
     the partial one). ``on_level`` runs before each level (the demo flushes caches there);
     ``vary_seed`` gives level i the seed ``seed + i`` (fresh conversations per level)."""
@@ -268,8 +298,13 @@ async def sweep(base: LiveConfig, levels: list[int], *, show_progress: bool = Tr
     states: list[LevelState] = []
     console = Console()
     try:
-        with Live(progress_table(states, base.system), console=console, refresh_per_second=2,
-                  transient=False, auto_refresh=show_progress and console.is_terminal) as live:
+        with Live(
+            progress_table(states, base.system),
+            console=console,
+            refresh_per_second=2,
+            transient=False,
+            auto_refresh=show_progress and console.is_terminal,
+        ) as live:
 
             async def refresh() -> None:
                 while True:
@@ -282,8 +317,9 @@ async def sweep(base: LiveConfig, levels: list[int], *, show_progress: bool = Tr
                 for i, n in enumerate(levels_iter):
                     if stop.is_set():
                         break
-                    cfg = LiveConfig(**{**base.__dict__, "conversations": n,
-                                        "seed": base.seed + (i if vary_seed else 0)})
+                    cfg = LiveConfig(
+                        **{**base.__dict__, "conversations": n, "seed": base.seed + (i if vary_seed else 0)}
+                    )
                     if on_level is not None:
                         await asyncio.to_thread(on_level, cfg)
                     state = LevelState(sum(t.conversations for t in cfg.teams) if cfg.teams else n)

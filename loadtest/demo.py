@@ -83,12 +83,18 @@ class Processes:
         self.log_dir = log_dir
         self.procs: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, args: list[str], python: str = sys.executable, module: str = "gateway.cli"
-              ) -> subprocess.Popen:
+    def start(
+        self, name: str, args: list[str], python: str = sys.executable, module: str = "gateway.cli"
+    ) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = (self.log_dir / f"{name}.log").open("ab")
-        proc = subprocess.Popen([python, "-m", module, *args], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [python, "-m", module, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         self.procs.append((name, proc))
         return proc
@@ -157,8 +163,20 @@ def start_twins(cfg: DemoConfig, procs: Processes, system: str) -> list[str]:
     for i in range(cfg.backends):
         port = free_port()
         name = f"{system}-twin{i}"
-        proc = procs.start(name, ["sim-backend", "--profile", cfg.profile, "--port", str(port), "--time-scale",
-                                  str(cfg.time_scale), "--model", MODEL])
+        proc = procs.start(
+            name,
+            [
+                "sim-backend",
+                "--profile",
+                cfg.profile,
+                "--port",
+                str(port),
+                "--time-scale",
+                str(cfg.time_scale),
+                "--model",
+                MODEL,
+            ],
+        )
         started.append((name, proc, f"http://127.0.0.1:{port}"))
     for name, proc, url in started:
         wait_ready(procs, name, proc, f"{url}/health", cfg.startup_timeout_s)
@@ -184,10 +202,27 @@ def start_sglang_router(cfg: DemoConfig, procs: Processes, sysm: System) -> None
     if sysm.proc is not None:
         procs.stop([sysm.proc])
     port, metrics = free_port(), free_port()
-    sysm.proc = procs.start(sysm.name, ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *sysm.twins,
-                                        "--policy", "cache_aware", "--prometheus-host", "127.0.0.1",
-                                        "--prometheus-port", str(metrics), "--log-level", "warn"],
-                            python=cfg.sglang_router_python, module="sglang_router.launch_router")
+    sysm.proc = procs.start(
+        sysm.name,
+        [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-urls",
+            *sysm.twins,
+            "--policy",
+            "cache_aware",
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(metrics),
+            "--log-level",
+            "warn",
+        ],
+        python=cfg.sglang_router_python,
+        module="sglang_router.launch_router",
+    )
     sysm.front = f"http://127.0.0.1:{port}"
     wait_ready(procs, sysm.name, sysm.proc, f"{sysm.front}/readiness", cfg.startup_timeout_s)
 
@@ -202,10 +237,13 @@ def _reset(cfg: DemoConfig, procs: Processes, sysm: System) -> None:
 
 # -- the live table --------------------------------------------------------------------------------
 
-def live_table(cfg: DemoConfig, names: list[str], states: dict[tuple[int, str], LevelState],
-               levels_done: int) -> Table:
-    table = Table(title=f"cachegate demo: {' vs '.join(names)}, {cfg.backends} twins each "
-                        f"(profile {cfg.profile}), {cfg.duration_s:g} s per level", header_style="bold")
+
+def live_table(cfg: DemoConfig, names: list[str], states: dict[tuple[int, str], LevelState], levels_done: int) -> Table:
+    table = Table(
+        title=f"cachegate demo: {' vs '.join(names)}, {cfg.backends} twins each "
+        f"(profile {cfg.profile}), {cfg.duration_s:g} s per level",
+        header_style="bold",
+    )
     table.add_column("Conv.", justify="right")
     table.add_column("Level", min_width=24)
     for n in names:
@@ -216,11 +254,19 @@ def live_table(cfg: DemoConfig, names: list[str], states: dict[tuple[int, str], 
         started = [s for s in row_states if s is not None]
         elapsed = max((s.elapsed() for s in started), default=0.0)
         done = i < levels_done
-        bar = ProgressBar(total=cfg.duration_s, completed=cfg.duration_s if done else min(elapsed, cfg.duration_s),
-                          width=18, complete_style="green" if done else "cyan")
+        bar = ProgressBar(
+            total=cfg.duration_s,
+            completed=cfg.duration_s if done else min(elapsed, cfg.duration_s),
+            width=18,
+            complete_style="green" if done else "cyan",
+        )
         label = Table.grid(padding=(0, 1))
-        label.add_row(bar, "done" if done else ("warm-up" if started and elapsed < cfg.warmup_s else
-                                                 f"{elapsed:.0f} s" if started else "waiting"))
+        label.add_row(
+            bar,
+            "done"
+            if done
+            else ("warm-up" if started and elapsed < cfg.warmup_s else f"{elapsed:.0f} s" if started else "waiting"),
+        )
         cells: list[object] = [str(level), label]
         for s in row_states:
             if s is None or s.elapsed() <= cfg.warmup_s:
@@ -242,17 +288,29 @@ async def _sweep(cfg: DemoConfig, procs: Processes, systems: list[System], conso
         loop.add_signal_handler(signal.SIGINT, stop.set)
     done = [0]
     try:
-        with Live(live_table(cfg, names, states, 0), console=console, refresh_per_second=4,
-                  auto_refresh=cfg.show_progress and console.is_terminal) as live:
+        with Live(
+            live_table(cfg, names, states, 0),
+            console=console,
+            refresh_per_second=4,
+            auto_refresh=cfg.show_progress and console.is_terminal,
+        ) as live:
             for i, level in enumerate(cfg.levels):
                 if stop.is_set():
                     break
                 with ThreadPoolExecutor(len(systems)) as pool:
                     for f in [pool.submit(_reset, cfg, procs, s) for s in systems]:
                         await asyncio.wrap_future(f)
-                base = dict(model=MODEL, workload="coding-agent", conversations=level, duration_s=cfg.duration_s,
-                            warmup_s=cfg.warmup_s, seed=cfg.seed, scale=cfg.scale, warm_start=True,
-                            think_scale=cfg.think_scale * cfg.time_scale)
+                base = dict(
+                    model=MODEL,
+                    workload="coding-agent",
+                    conversations=level,
+                    duration_s=cfg.duration_s,
+                    warmup_s=cfg.warmup_s,
+                    seed=cfg.seed,
+                    scale=cfg.scale,
+                    warm_start=True,
+                    think_scale=cfg.think_scale * cfg.time_scale,
+                )
                 jobs = []
                 for s in systems:
                     states[(level, s.name)] = state = LevelState(level)
@@ -289,8 +347,9 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
     rows: list[dict] = []
     try:
         names = ["direct", "gateway"] + (["sglang-router"] if cfg.sglang_router_python else [])
-        console.print(f"starting {len(names)} x {cfg.backends} simulated SGLang servers (profile {cfg.profile}) "
-                      f"and the gateway…")
+        console.print(
+            f"starting {len(names)} x {cfg.backends} simulated SGLang servers (profile {cfg.profile}) and the gateway…"
+        )
         with ThreadPoolExecutor(len(names)) as pool:
             twins = list(pool.map(lambda n: start_twins(cfg, procs, n), names))
         systems = [System(n, t) for n, t in zip(names, twins, strict=True)]
@@ -303,24 +362,40 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
         fullscale = None
         if full is not None:
             if rows:
-                console.print(f"live sweep done; full-scale simulations: {full.done()}/{len(full.work)} finished, "
-                              f"waiting for the rest…")
+                console.print(
+                    f"live sweep done; full-scale simulations: {full.done()}/{len(full.work)} finished, "
+                    f"waiting for the rest…"
+                )
                 fullscale = full.result()
             else:
                 full.cancel()
-    title = (f"cachegate demo: coding-agent (scale {cfg.scale}) on {cfg.backends} x {cfg.profile} per system, "
-             f"{cfg.duration_s:g} s per level")
+    title = (
+        f"cachegate demo: coding-agent (scale {cfg.scale}) on {cfg.backends} x {cfg.profile} per system, "
+        f"{cfg.duration_s:g} s per level"
+    )
     print_table(rows, title, console)
     v = verdict(rows)
     if v is not None:
         console.print(f"\n[bold]{v['sentence']}[/bold]\n")
-    meta = {"wall_s": round(time.monotonic() - t0, 1), "config": _config_meta(cfg), "verdict": v,
-            "processes": [{"name": n, "pid": p.pid, "returncode": p.returncode} for n, p in procs.procs]}
+    meta = {
+        "wall_s": round(time.monotonic() - t0, 1),
+        "config": _config_meta(cfg),
+        "verdict": v,
+        "processes": [{"name": n, "pid": p.pid, "returncode": p.returncode} for n, p in procs.procs],
+    }
     index = write_demo_report(rows, cfg.report, title, meta=meta, fullscale=fullscale)
     console.print(f"demo finished in {time.monotonic() - t0:.0f} s; report: {index.resolve()}")
     return index
 
 
 def _config_meta(cfg: DemoConfig) -> dict:
-    return {"levels": cfg.levels, "duration_s": cfg.duration_s, "warmup_s": cfg.warmup_s, "backends": cfg.backends,
-            "profile": cfg.profile, "scale": cfg.scale, "think_scale": cfg.think_scale, "seed": cfg.seed}
+    return {
+        "levels": cfg.levels,
+        "duration_s": cfg.duration_s,
+        "warmup_s": cfg.warmup_s,
+        "backends": cfg.backends,
+        "profile": cfg.profile,
+        "scale": cfg.scale,
+        "think_scale": cfg.think_scale,
+        "seed": cfg.seed,
+    }

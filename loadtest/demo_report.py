@@ -38,17 +38,34 @@ def verdict(rows: Sequence[dict]) -> dict | None:
     dp, gp = d[n].get("ttft_p50_s"), g[n].get("ttft_p50_s")
     ratio = gt / dt if dt else None
     ttft_ratio = dp / gp if dp and gp else None
-    sentence = (f"At {n} conversations, more than the caches hold, going straight to the servers collapses to "
-                f"{fmt_tpm(dt)} tokens/min ({dt / peak_d:.0%} of its peak) while cachegate serves {fmt_tpm(gt)} "
-                f"({gt / peak_g:.0%} of its peak): {_x(ratio)} the throughput, with a median time to first token of "
-                f"{fmt_s(gp)} instead of {fmt_s(dp)}.") if peak_d and peak_g else "No completed requests."
+    sentence = (
+        (
+            f"At {n} conversations, more than the caches hold, going straight to the servers collapses to "
+            f"{fmt_tpm(dt)} tokens/min ({dt / peak_d:.0%} of its peak) while cachegate serves {fmt_tpm(gt)} "
+            f"({gt / peak_g:.0%} of its peak): {_x(ratio)} the throughput, with a median time to first token of "
+            f"{fmt_s(gp)} instead of {fmt_s(dp)}."
+        )
+        if peak_d and peak_g
+        else "No completed requests."
+    )
     return {
-        "conversations": n, "sentence": sentence, "tpm_ratio": None if ratio is None else round(ratio, 2),
+        "conversations": n,
+        "sentence": sentence,
+        "tpm_ratio": None if ratio is None else round(ratio, 2),
         "ttft_ratio": None if ttft_ratio is None else round(ttft_ratio, 1),
-        "direct": {"tpm": dt, "peak_tpm": peak_d, "of_peak": round(dt / peak_d, 3) if peak_d else None,
-                   "ttft_p50_s": dp},
-        "gateway": {"tpm": gt, "peak_tpm": peak_g, "of_peak": round(gt / peak_g, 3) if peak_g else None,
-                    "ttft_p50_s": gp, "max_wait_s": g[n].get("max_wait_s")},
+        "direct": {
+            "tpm": dt,
+            "peak_tpm": peak_d,
+            "of_peak": round(dt / peak_d, 3) if peak_d else None,
+            "ttft_p50_s": dp,
+        },
+        "gateway": {
+            "tpm": gt,
+            "peak_tpm": peak_g,
+            "of_peak": round(gt / peak_g, 3) if peak_g else None,
+            "ttft_p50_s": gp,
+            "max_wait_s": g[n].get("max_wait_s"),
+        },
         "checks": {
             "direct_at_most_half_of_peak": bool(peak_d and dt <= 0.5 * peak_d),
             "gateway_keeps_85pct_of_peak": bool(peak_g and gt >= 0.85 * peak_g),
@@ -58,6 +75,7 @@ def verdict(rows: Sequence[dict]) -> dict | None:
 
 
 # -- plots ---------------------------------------------------------------------------------------
+
 
 def _series(rows: Sequence[dict], system: str, key: str) -> tuple[list[int], list[float]]:
     pts = sorted((n, r[key]) for n, r in _by(rows, system).items() if r.get(key) is not None)
@@ -72,8 +90,14 @@ def _systems(rows: Sequence[dict]) -> list[str]:
     return seen
 
 
-def _panel_pair(rows: Sequence[dict], path: Path, title: str, published: dict | None = None,
-                published_label: str = "", hit: bool = False) -> Path:
+def _panel_pair(
+    rows: Sequence[dict],
+    path: Path,
+    title: str,
+    published: dict | None = None,
+    published_label: str = "",
+    hit: bool = False,
+) -> Path:
     """Tokens/min and TTFT (p50 solid, p95 dashed, log scale) against conversations [+ cache hit]."""
     import matplotlib
 
@@ -89,18 +113,34 @@ def _panel_pair(rows: Sequence[dict], path: Path, title: str, published: dict | 
         tpm_ax.plot(xs, [y / 1e6 for y in ys], marker="o", color=c, linewidth=2.2, label=s)
         for key, style, mk in (("ttft_p50_s", "-", "o"), ("ttft_p95_s", "--", "^")):
             xs, ys = _series(rows, s, key)
-            ttft_ax.plot(xs, ys, linestyle=style, marker=mk, color=c, linewidth=2 if style == "-" else 1.3,
-                         label=f"{s} {key[5:8]}")
+            ttft_ax.plot(
+                xs,
+                ys,
+                linestyle=style,
+                marker=mk,
+                color=c,
+                linewidth=2 if style == "-" else 1.3,
+                label=f"{s} {key[5:8]}",
+            )
         if hit:
             xs, ys = _series(rows, s, "cache_hit_rate")
             axes[2].plot(xs, [100 * y for y in ys], marker="o", color=c, linewidth=2.2, label=s)
     if published:
-        tpm_ax.plot(published["conversations"], [y / 1e6 for y in published["total_tpm"]],
-                    label=published_label, **PUBLISHED_STYLE)
-        ttft_ax.plot(published["conversations"], published["ttft_p50_s"], label=f"{published_label} p50",
-                     **PUBLISHED_STYLE)
-        ttft_ax.plot(published["conversations"], published["ttft_p95_s"], label=f"{published_label} p95",
-                     **{**PUBLISHED_STYLE, "marker": "s", "linestyle": "-."})
+        tpm_ax.plot(
+            published["conversations"],
+            [y / 1e6 for y in published["total_tpm"]],
+            label=published_label,
+            **PUBLISHED_STYLE,
+        )
+        ttft_ax.plot(
+            published["conversations"], published["ttft_p50_s"], label=f"{published_label} p50", **PUBLISHED_STYLE
+        )
+        ttft_ax.plot(
+            published["conversations"],
+            published["ttft_p95_s"],
+            label=f"{published_label} p95",
+            **{**PUBLISHED_STYLE, "marker": "s", "linestyle": "-."},
+        )
     tpm_ax.set(xlabel="concurrent conversations", ylabel="total tokens / min (M)", title="Throughput")
     tpm_ax.set_ylim(bottom=0)
     ttft_ax.set_yscale("log")
@@ -123,6 +163,7 @@ def _panel_pair(rows: Sequence[dict], path: Path, title: str, published: dict | 
 
 # -- the page ------------------------------------------------------------------------------------
 
+
 def _table(rows: Sequence[dict]) -> str:
     head = "<tr><th>Conv.</th><th>System</th>" + "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS) + "</tr>"
     body = []
@@ -130,8 +171,11 @@ def _table(rows: Sequence[dict]) -> str:
         for r in rows:
             if int(r.get("conversations") or 0) == n:
                 s = system_of(r)
-                body.append(f'<tr class="{html.escape(s)}"><td>{n}</td><td>{html.escape(s)}</td>'
-                            + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r)) + "</tr>")
+                body.append(
+                    f'<tr class="{html.escape(s)}"><td>{n}</td><td>{html.escape(s)}</td>'
+                    + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r))
+                    + "</tr>"
+                )
     return f"<table>{head}{''.join(body)}</table>"
 
 
@@ -145,7 +189,8 @@ def meaning(v: dict | None, fullscale: dict | None) -> str:
             f"they had at their best, because each turn lands where its context was evicted and recomputes it; "
             f"through cachegate the same servers keep {v['gateway']['of_peak']:.0%} of their best, because "
             f"conversations stay where their prefix is and the ones that do not fit wait at the gateway "
-            f"(longest wait {fmt_s(v['gateway']['max_wait_s'])}) instead of evicting the others.")
+            f"(longest wait {fmt_s(v['gateway']['max_wait_s'])}) instead of evicting the others."
+        )
     if fullscale:
         runs = fullscale["runs"]
         bad = {(r["policy"], r["conversations"]): r for r in runs if r["profile"] == fullscale["bad_profile"]}
@@ -159,24 +204,32 @@ def meaning(v: dict | None, fullscale: dict | None) -> str:
                 f"conversations directly falls to {fmt_tpm(d['total_tpm'])} tokens/min "
                 f"({d['total_tpm'] / peak:.0%} of its simulated peak; the published collapsing deployment "
                 f"measured 0.48M) with a median TTFT of {fmt_s(d['ttft_p50_s'])}; behind cachegate it serves "
-                f"{fmt_tpm(g['total_tpm'])} ({g['total_tpm'] / d['total_tpm']:.1f}x) at {fmt_s(g['ttft_p50_s'])}.")
+                f"{fmt_tpm(g['total_tpm'])} ({g['total_tpm'] / d['total_tpm']:.1f}x) at {fmt_s(g['ttft_p50_s'])}."
+            )
         if ("direct", n) in good and ("gateway", n) in good:
             d, g = good[("direct", n)], good[("gateway", n)]
             ratio = g["total_tpm"] / d["total_tpm"] if d["total_tpm"] else math.inf
             if ratio >= 1.1:  # e.g. DP ranks with separate caches: direct spreads a conversation over them
-                lead = (f"On the good deployment's engine ({fullscale['good_profile']}) cachegate serves "
-                        f"{ratio:.1f}x what direct does")
+                lead = (
+                    f"On the good deployment's engine ({fullscale['good_profile']}) cachegate serves "
+                    f"{ratio:.1f}x what direct does"
+                )
             elif ratio >= 0.9:
                 lead = f"Where the cache is large enough ({fullscale['good_profile']}), cachegate costs nothing"
             else:
-                lead = (f"On the good deployment's engine ({fullscale['good_profile']}) cachegate gives up "
-                        f"{1 - ratio:.0%} of direct's throughput")
+                lead = (
+                    f"On the good deployment's engine ({fullscale['good_profile']}) cachegate gives up "
+                    f"{1 - ratio:.0%} of direct's throughput"
+                )
             parts.append(
                 f"{lead}: {fmt_tpm(g['total_tpm'])} against {fmt_tpm(d['total_tpm'])} direct at {n} conversations, "
-                f"p95 TTFT {fmt_s(g['ttft_p95_s'])} against {fmt_s(d['ttft_p95_s'])}.")
-        parts.append("In short: size the fleet so the busy hour's conversations fit the caches "
-                     "(<code>cachegate plan</code>), and let the gateway hold the rest back rather than let "
-                     "every engine thrash.")
+                f"p95 TTFT {fmt_s(g['ttft_p95_s'])} against {fmt_s(d['ttft_p95_s'])}."
+            )
+        parts.append(
+            "In short: size the fleet so the busy hour's conversations fit the caches "
+            "(<code>cachegate plan</code>), and let the gateway hold the rest back rather than let "
+            "every engine thrash."
+        )
     return " ".join(parts)
 
 
@@ -212,17 +265,19 @@ def _x(x: float | None) -> str:
 def _cards(v: dict | None, meta: dict) -> str:
     if v is None:
         return ""
-    checks = "".join(f'<div class="{"pass" if ok else "fail"}">{"PASS" if ok else "FAIL"}: '
-                     f'{html.escape(k.replace("_", " "))}</div>' for k, ok in v["checks"].items())
+    checks = "".join(
+        f'<div class="{"pass" if ok else "fail"}">{"PASS" if ok else "FAIL"}: {html.escape(k.replace("_", " "))}</div>'
+        for k, ok in v["checks"].items()
+    )
     ttft = f"{v['ttft_ratio']:.0f}x" if v.get("ttft_ratio") else "-"
     return f"""<div class="cards">
-<div class="card"><div class="big">{_x(v['tpm_ratio'])}</div><div class="lbl">cachegate's tokens/min over direct's
- at {v['conversations']} conversations</div></div>
+<div class="card"><div class="big">{_x(v["tpm_ratio"])}</div><div class="lbl">cachegate's tokens/min over direct's
+ at {v["conversations"]} conversations</div></div>
 <div class="card"><div class="big">{ttft}</div><div class="lbl">shorter median time to first token
- ({fmt_s(v['gateway']['ttft_p50_s'])} vs {fmt_s(v['direct']['ttft_p50_s'])})</div></div>
-<div class="card"><div class="big bad">{_pct(v['direct']['of_peak'])}</div><div class="lbl">of its own peak left to
- direct; cachegate keeps {_pct(v['gateway']['of_peak'])}</div></div>
-<div class="card">{checks}<div class="lbl">wall time {meta.get('wall_s', '-')} s</div></div>
+ ({fmt_s(v["gateway"]["ttft_p50_s"])} vs {fmt_s(v["direct"]["ttft_p50_s"])})</div></div>
+<div class="card"><div class="big bad">{_pct(v["direct"]["of_peak"])}</div><div class="lbl">of its own peak left to
+ direct; cachegate keeps {_pct(v["gateway"]["of_peak"])}</div></div>
+<div class="card">{checks}<div class="lbl">wall time {meta.get("wall_s", "-")} s</div></div>
 </div>"""
 
 
@@ -230,39 +285,58 @@ def _fullscale_section(fullscale: dict, out: Path) -> str:
     runs = fullscale["runs"]
     imgs = []
     for key, prof, which, label in (
-            ("bf16", fullscale["bad_profile"], "bad", "published collapsing deployment"),
-            ("good", fullscale["good_profile"], "good", "published good deployment")):
+        ("bf16", fullscale["bad_profile"], "bad", "published collapsing deployment"),
+        ("good", fullscale["good_profile"], "good", "published good deployment"),
+    ):
         sel = [dict(r, system=r["policy"]) for r in runs if r["profile"] == prof]
-        _panel_pair(sel, out / f"fullscale-{key}.png", f"One 8×B300 node, {prof} (virtual time)",
-                    published=fullscale["published"][which], published_label=label)
+        _panel_pair(
+            sel,
+            out / f"fullscale-{key}.png",
+            f"One 8×B300 node, {prof} (virtual time)",
+            published=fullscale["published"][which],
+            published_label=label,
+        )
         imgs.append(f'<img src="fullscale-{key}.png" alt="{html.escape(prof)} simulated beside the {label}">')
-    note = (f"<p class=\"note\">The good deployment's fitted profile <code>b300-dp8-fp8-cp</code> is not in this "
-            f"build, so its engine is stood in for by <code>{html.escape(fullscale['good_profile'])}</code>.</p>"
-            if fullscale.get("good_is_fallback") else "")
-    return (f"<h2>Full scale, in virtual time</h2><p class=\"sub\">The same engine model and the same gateway "
-            f"policies at Kimi scale: {fullscale['minutes']:g} simulated minutes per point, the first "
-            f"{fullscale['warmup_minutes']:g} left out, seed {fullscale['seed']}; open markers are the published "
-            f"comparison's figures ({fullscale['cpu_s']} CPU-seconds for {len(runs)} runs).</p>{note}"
-            + "".join(imgs) + f"<pre>{html.escape(fullscale['command'])}</pre>")
+    note = (
+        f'<p class="note">The good deployment\'s fitted profile <code>b300-dp8-fp8-cp</code> is not in this '
+        f"build, so its engine is stood in for by <code>{html.escape(fullscale['good_profile'])}</code>.</p>"
+        if fullscale.get("good_is_fallback")
+        else ""
+    )
+    return (
+        f'<h2>Full scale, in virtual time</h2><p class="sub">The same engine model and the same gateway '
+        f"policies at Kimi scale: {fullscale['minutes']:g} simulated minutes per point, the first "
+        f"{fullscale['warmup_minutes']:g} left out, seed {fullscale['seed']}; open markers are the published "
+        f"comparison's figures ({fullscale['cpu_s']} CPU-seconds for {len(runs)} runs).</p>{note}"
+        + "".join(imgs)
+        + f"<pre>{html.escape(fullscale['command'])}</pre>"
+    )
 
 
-def write_demo_report(rows: Sequence[dict], out: Path | str, title: str, meta: dict | None = None,
-                      fullscale: dict | None = None) -> Path:
+def write_demo_report(
+    rows: Sequence[dict], out: Path | str, title: str, meta: dict | None = None, fullscale: dict | None = None
+) -> Path:
     """Write ``report.json``, the PNGs and ``index.html`` into ``out``; returns the index path."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(meta or {})
     v = meta.get("verdict") or verdict(rows)
-    (out / "report.json").write_bytes(orjson.dumps({"title": title, **meta, "verdict": v, "runs": list(rows),
-                                                    "fullscale": fullscale}, option=orjson.OPT_INDENT_2))
+    (out / "report.json").write_bytes(
+        orjson.dumps(
+            {"title": title, **meta, "verdict": v, "runs": list(rows), "fullscale": fullscale},
+            option=orjson.OPT_INDENT_2,
+        )
+    )
     cfg = meta.get("config", {})
     _panel_pair(rows, out / "live.png", "Live on this machine: simulated SGLang servers over real HTTP", hit=True)
     write_plots(rows, out)  # the live panels one by one (tpm.png, ttft.png, cache_hit.png)
-    live = (f"<h2>Live, on this machine</h2><p class=\"sub\">{cfg.get('backends', '?')} twins per system (profile "
-            f"<code>{html.escape(str(cfg.get('profile', '?')))}</code>: a recomputed context costs seconds), "
-            f"coding-agent at token scale {cfg.get('scale', '?')}, {cfg.get('duration_s', '?')} s per level of which "
-            f"the first {cfg.get('warmup_s', '?')} s are left out, every level cold.</p>"
-            f'<img src="live.png" alt="live sweep: tokens per minute, TTFT and cache hit">{_table(rows)}')
+    live = (
+        f'<h2>Live, on this machine</h2><p class="sub">{cfg.get("backends", "?")} twins per system (profile '
+        f"<code>{html.escape(str(cfg.get('profile', '?')))}</code>: a recomputed context costs seconds), "
+        f"coding-agent at token scale {cfg.get('scale', '?')}, {cfg.get('duration_s', '?')} s per level of which "
+        f"the first {cfg.get('warmup_s', '?')} s are left out, every level cold.</p>"
+        f'<img src="live.png" alt="live sweep: tokens per minute, TTFT and cache hit">{_table(rows)}'
+    )
     sections = [live]
     if fullscale:
         sections.append(_fullscale_section(fullscale, out))
@@ -272,11 +346,11 @@ def write_demo_report(rows: Sequence[dict], out: Path | str, title: str, meta: d
 <body><main>
 <h1>cachegate: what happens past the cache's capacity</h1>
 <p class="sub">{html.escape(title)}</p>
-<div class="verdict">{html.escape(v['sentence']) if v else 'No live rows.'}</div>
+<div class="verdict">{html.escape(v["sentence"]) if v else "No live rows."}</div>
 {_cards(v, meta)}
 <h2>What this means</h2>
 <div class="meaning">{meaning(v, fullscale)}</div>
-{''.join(sections)}
+{"".join(sections)}
 <p class="note">Tokens per minute count input (cached included) plus output. Raw figures:
 <a href="report.json">report.json</a>; the live panels one by one: {singles}; process logs in <code>logs/</code>.</p>
 </main></body></html>

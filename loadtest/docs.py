@@ -30,21 +30,38 @@ RUNS: dict[str, tuple[str, str | None]] = {
 
 # The published comparison (reference §11): (total tokens/min, median TTFT s, p95 TTFT s).
 PUBLISHED = {
-    "good": {8: (5.14e6, 0.37, 7.12), 16: (10.90e6, 0.39, 8.01), 32: (16.79e6, 0.52, 9.58),
-             48: (20.23e6, 0.65, 16.00), 64: (19.19e6, 5.97, 16.89)},
-    "bad": {8: (3.95e6, 2.40, 20.53), 16: (5.66e6, 3.09, 30.78), 32: (1.33e6, 51.50, 221.35),
-            48: (0.48e6, 110.84, 327.45), 64: (0.65e6, 159.00, 464.75)},
+    "good": {
+        8: (5.14e6, 0.37, 7.12),
+        16: (10.90e6, 0.39, 8.01),
+        32: (16.79e6, 0.52, 9.58),
+        48: (20.23e6, 0.65, 16.00),
+        64: (19.19e6, 5.97, 16.89),
+    },
+    "bad": {
+        8: (3.95e6, 2.40, 20.53),
+        16: (5.66e6, 3.09, 30.78),
+        32: (1.33e6, 51.50, 221.35),
+        48: (0.48e6, 110.84, 327.45),
+        64: (0.65e6, 159.00, 464.75),
+    },
 }
-COMPARE_WITH = {"b300-tp8-bf16": "bad", "b300-dp2-bf16": "bad", "b300-tp8-fp8-hicache": "good",
-                "b300-dp8-fp8": "good", "b300-dp8-fp8-cp": "good"}
+COMPARE_WITH = {
+    "b300-tp8-bf16": "bad",
+    "b300-dp2-bf16": "bad",
+    "b300-tp8-fp8-hicache": "good",
+    "b300-dp8-fp8": "good",
+    "b300-dp8-fp8-cp": "good",
+}
 
 
 def command(profile: str, minutes: float, warmup: float) -> str:
     policy, admission = RUNS.get(profile, ("direct", None))
     pol = policy + (f" --admission {admission}" if admission else "")
-    return (f"cachegate simulate --profile {profile} --backends 1 --policy {pol} --workload coding-agent "
-            f"--conversations {','.join(map(str, LEVELS))} --minutes {minutes:g} --warmup-minutes {warmup:g} "
-            f"--seed 1 --json {profile}.json")
+    return (
+        f"cachegate simulate --profile {profile} --backends 1 --policy {pol} --workload coding-agent "
+        f"--conversations {','.join(map(str, LEVELS))} --minutes {minutes:g} --warmup-minutes {warmup:g} "
+        f"--seed 1 --json {profile}.json"
+    )
 
 
 def _run(args: tuple[str, int, float, float]) -> tuple[dict, float]:
@@ -53,8 +70,11 @@ def _run(args: tuple[str, int, float, float]) -> tuple[dict, float]:
     profile, n, minutes, warmup = args
     policy, admission = RUNS.get(profile, ("direct", None))
     t = time.perf_counter()
-    row = run_one(SimConfig(profile=profile, conversations=n, minutes=minutes, warmup_minutes=warmup,
-                            policy=policy, admission=admission))
+    row = run_one(
+        SimConfig(
+            profile=profile, conversations=n, minutes=minutes, warmup_minutes=warmup, policy=policy, admission=admission
+        )
+    )
     return row, time.perf_counter() - t
 
 
@@ -83,8 +103,10 @@ def _at(rows: list[dict], profile: str, n: int) -> dict:
 
 
 def calibration_table(rows: list[dict]) -> str:
-    head = ("| Profile (vs published) | Conv. | TPM sim | TPM pub | ratio | TTFT p50 sim | pub | ratio "
-            "| TTFT p95 sim | pub | ratio | cache hit | retractions |")
+    head = (
+        "| Profile (vs published) | Conv. | TPM sim | TPM pub | ratio | TTFT p50 sim | pub | ratio "
+        "| TTFT p95 sim | pub | ratio | cache hit | retractions |"
+    )
     lines = [head, "|" + "---|" * 13]
     for profile in PROFILES:
         which = COMPARE_WITH[profile]
@@ -96,21 +118,27 @@ def calibration_table(rows: list[dict]) -> str:
                 f"| {profile} ({which}) | {n} | {_m(r['total_tpm'])} | {_m(tpm)} | {_ratio(r['total_tpm'], tpm)} "
                 f"| {_s(r['ttft_p50_s'])} | {_s(p50)} | {_ratio(r['ttft_p50_s'], p50)} "
                 f"| {_s(r['ttft_p95_s'])} | {_s(p95)} | {_ratio(r['ttft_p95_s'], p95)} "
-                f"| {'-' if hit is None else f'{hit:.1%}'} | {r['retractions']} |")
+                f"| {'-' if hit is None else f'{hit:.1%}'} | {r['retractions']} |"
+            )
     return "\n".join(lines)
 
 
 def benchmark_table(rows: list[dict], profile: str) -> str:
     which = COMPARE_WITH[profile]
-    lines = ["| Conv. | TPM sim | TPM published | TTFT p50 sim | published | TTFT p95 sim | published "
-             "| req/min | out tok/s p50 | cache hit | max wait s | starved |", "|" + "---|" * 12]
+    lines = [
+        "| Conv. | TPM sim | TPM published | TTFT p50 sim | published | TTFT p95 sim | published "
+        "| req/min | out tok/s p50 | cache hit | max wait s | starved |",
+        "|" + "---|" * 12,
+    ]
     for n in LEVELS:
         r = _at(rows, profile, n)
         tpm, p50, p95 = PUBLISHED[which][n]
         hit = r["cache_hit_rate"]
-        lines.append(f"| {n} | {_m(r['total_tpm'])} | {_m(tpm)} | {_s(r['ttft_p50_s'])} | {_s(p50)} "
-                     f"| {_s(r['ttft_p95_s'])} | {_s(p95)} | {r['completed_rpm']} | {r['output_tps_p50']} "
-                     f"| {'-' if hit is None else f'{hit:.1%}'} | {_s(r['max_wait_s'])} | {r['starved']} |")
+        lines.append(
+            f"| {n} | {_m(r['total_tpm'])} | {_m(tpm)} | {_s(r['ttft_p50_s'])} | {_s(p50)} "
+            f"| {_s(r['ttft_p95_s'])} | {_s(p95)} | {r['completed_rpm']} | {r['output_tps_p50']} "
+            f"| {'-' if hit is None else f'{hit:.1%}'} | {_s(r['max_wait_s'])} | {r['starved']} |"
+        )
     return "\n".join(lines)
 
 
@@ -120,11 +148,16 @@ def shape_checks(rows: list[dict]) -> list[tuple[str, bool, str]]:
     hc = {n: _at(rows, "b300-tp8-fp8-hicache", n)["total_tpm"] for n in LEVELS}
     peak = max(bf[8], bf[16])
     return [
-        ("bf16 collapses: TPM at 32 and 48 <= peak(8, 16) / 3",
-         bf[32] <= peak / 3 and bf[48] <= peak / 3,
-         f"peak {_m(peak)}, 32: {_m(bf[32])} ({bf[32] / peak:.2f}), 48: {_m(bf[48])} ({bf[48] / peak:.2f})"),
-        ("fp8-hicache does not collapse through 48: TPM(48) >= TPM(16)", hc[48] >= hc[16],
-         f"16: {_m(hc[16])}, 48: {_m(hc[48])} ({hc[48] / hc[16]:.2f})"),
+        (
+            "bf16 collapses: TPM at 32 and 48 <= peak(8, 16) / 3",
+            bf[32] <= peak / 3 and bf[48] <= peak / 3,
+            f"peak {_m(peak)}, 32: {_m(bf[32])} ({bf[32] / peak:.2f}), 48: {_m(bf[48])} ({bf[48] / peak:.2f})",
+        ),
+        (
+            "fp8-hicache does not collapse through 48: TPM(48) >= TPM(16)",
+            hc[48] >= hc[16],
+            f"16: {_m(hc[16])}, 48: {_m(hc[48])} ({hc[48] / hc[16]:.2f})",
+        ),
     ]
 
 
@@ -138,8 +171,9 @@ def far_off(rows: list[dict]) -> list[str]:
                 key = ("total_tpm", "ttft_p50_s", "ttft_p95_s")[k]
                 vals = [_at(rows, p, n)[key] for p in PROFILES if _at(rows, p, n)[key] is not None]
                 if vals and all(not (pub / 1.5 <= v <= pub * 1.5) for v in vals):
-                    notes.append(f"{label} {name} at {n}: published {pub:g}, simulated "
-                                 + ", ".join(f"{v:.3g}" for v in vals))
+                    notes.append(
+                        f"{label} {name} at {n}: published {pub:g}, simulated " + ", ".join(f"{v:.3g}" for v in vals)
+                    )
     return notes
 
 
@@ -160,9 +194,12 @@ def fitted_residuals(rows: list[dict]) -> str:
 
     by_n = {n: _at(rows, "b300-dp8-fp8-cp", n) for n in LEVELS}
     res = residuals(by_n)
-    names = {"rpm@48": "completed requests/min at 48 (published 125)",
-             "tps@32": "median per-request output tokens/s at 32 (published 41)",
-             "p50@64": "median TTFT at 64 (published 5.97 s)", "p95@64": "p95 TTFT at 64 (published 16.89 s)"}
+    names = {
+        "rpm@48": "completed requests/min at 48 (published 125)",
+        "tps@32": "median per-request output tokens/s at 32 (published 41)",
+        "p50@64": "median TTFT at 64 (published 5.97 s)",
+        "p95@64": "p95 TTFT at 64 (published 16.89 s)",
+    }
     lines = ["| Figure | Residual (sim / published − 1) | Limit | |", "|---|---|---|---|"]
     for k, lim in LIMITS.items():
         label = names.get(k, f"tokens/min at {k.split('@')[1]}")
@@ -178,9 +215,11 @@ def collapse_lines(rows: list[dict]) -> list[str]:
         peak = max(tpm.values())
         collapse = tpm[48] <= peak / 3
         med = all(pub / 2 <= p50[n] <= pub * 2 for n, pub in ((8, 2.40), (16, 3.09)))
-        out.append(f"- `{profile}`: tokens/min at 48 {_m(tpm[48])} = {tpm[48] / peak:.2f} of its peak {_m(peak)} "
-                   f"(collapse ≤ 0.33: {'PASS' if collapse else 'FAIL'}); median TTFT at 8 / 16 "
-                   f"{_s(p50[8])} / {_s(p50[16])} s against 2.40 / 3.09 (within 2×: {'PASS' if med else 'FAIL'}).")
+        out.append(
+            f"- `{profile}`: tokens/min at 48 {_m(tpm[48])} = {tpm[48] / peak:.2f} of its peak {_m(peak)} "
+            f"(collapse ≤ 0.33: {'PASS' if collapse else 'FAIL'}); median TTFT at 8 / 16 "
+            f"{_s(p50[8])} / {_s(p50[16])} s against 2.40 / 3.09 (within 2×: {'PASS' if med else 'FAIL'})."
+        )
     return out
 
 
@@ -188,12 +227,20 @@ def gb10_table() -> str:
     from backends.sim.profiles import get_profile
     from loadtest.single import PROMPTS, single_request
 
-    lines = ["| Profile | Prefill tok/s (" + " / ".join(f"{p // 1024}k" for p in PROMPTS) + " prompt) | "
-             "Decode tok/s (" + " / ".join(f"{p // 1024}k" for p in PROMPTS) + " context) |", "|---|---|---|"]
+    lines = [
+        "| Profile | Prefill tok/s (" + " / ".join(f"{p // 1024}k" for p in PROMPTS) + " prompt) | "
+        "Decode tok/s (" + " / ".join(f"{p // 1024}k" for p in PROMPTS) + " context) |",
+        "|---|---|---|",
+    ]
     for name in ("gb10x16-tp16-fp8", "gb10x16-tp4pp4-fp8"):
         r = [single_request(get_profile(name), n) for n in PROMPTS]
-        lines.append(f"| `{name}` | " + " / ".join(f"{x[0]:,.0f}" for x in r) + " | "
-                     + " / ".join(f"{x[1]:.1f}" for x in r) + " |")
+        lines.append(
+            f"| `{name}` | "
+            + " / ".join(f"{x[0]:,.0f}" for x in r)
+            + " | "
+            + " / ".join(f"{x[1]:.1f}" for x in r)
+            + " |"
+        )
     lines.append("| published (16×GB10 post, vLLM, K3) | 750 | 20 average, 38 peak |")
     return "\n".join(lines)
 
@@ -217,13 +264,13 @@ All numbers below are computed from the profiles' constants (`backends/sim/profi
   MLA latent each decode step: with 32 requests decoding at ~150k context the step is {step32 * 1e3:.1f} ms, of
   which {kv32 * 1e3:.1f} ms is the KV stream (`k_kv` = {hc.k_kv * 1e9:.2f} ns per context token); the published
   41 tok/s is a {pub_step * 1e3:.1f} ms step, below the KV stream alone, and `b300-tp8-fp8-hicache` completes
-  {h48['completed_rpm']} req/min at 48 against 125. Under DP8 attention a rank reads only its own requests'
+  {h48["completed_rpm"]} req/min at 48 against 125. Under DP8 attention a rank reads only its own requests'
   latents: 4 requests per rank at ~150k is a {dp_step * 1e3:.1f} ms step ({dp_kv * 1e3:.1f} ms of KV), before
   MTP. What DP8 needed to reach the published table is prefill: SGLang's DP defaults (2048-token chunks per rank,
   ratio 0.21), FP8 attention and context-parallel prefill attention (`k_attn` {cp.k_attn:.3g}), and the
   deployment's running cap of {cp.max_running_requests * cp.dp_size} requests, which makes the knee at 64.
 - **`b300-dp8-fp8` (derived, SGLang's DP defaults) under `direct`** is the server's own round-robin over 8 ranks
-  with separate caches (hits {_at(rows, 'b300-dp8-fp8', 48)['cache_hit_rate']:.1%} at 48) and prefill attention
+  with separate caches (hits {_at(rows, "b300-dp8-fp8", 48)["cache_hit_rate"]:.1%} at 48) and prefill attention
   on one GPU in bf16: every miss recomputes tens of thousands of tokens at `k_attn` = 3.70e-9.
 - **The collapsing deployment.** `b300-tp8-bf16` collapses from 32 on (slow bf16 recompute, 2.63M tokens of KV)
   but serves a cached turn in about 0.3 s at 8-16, where the published medians are 2.40 / 3.09 s: a whole cache
@@ -235,18 +282,29 @@ All numbers below are computed from the profiles' constants (`backends/sim/profi
 """
 
 
-def write_docs(rows: list[dict], walls: dict[str, float] | None, minutes: float, warmup: float,
-               docs: Path, notes_calibration: str = "", notes_benchmarks: str = "") -> None:
+def write_docs(
+    rows: list[dict],
+    walls: dict[str, float] | None,
+    minutes: float,
+    warmup: float,
+    docs: Path,
+    notes_calibration: str = "",
+    notes_benchmarks: str = "",
+) -> None:
     cmds = "\n".join(command(p, minutes, warmup) for p in PROFILES)
-    regen = ("Regenerate every table on this page (runs in parallel on the available cores):\n\n"
-             f"```\npython -m loadtest.docs --minutes {minutes:g} --warmup-minutes {warmup:g}\n```\n\n"
-             f"which is the same as\n\n```\n{cmds}\n```\n")
+    regen = (
+        "Regenerate every table on this page (runs in parallel on the available cores):\n\n"
+        f"```\npython -m loadtest.docs --minutes {minutes:g} --warmup-minutes {warmup:g}\n```\n\n"
+        f"which is the same as\n\n```\n{cmds}\n```\n"
+    )
     timing = ""
     if walls:
         slowest = max(walls, key=lambda k: walls[k])
-        timing = ("\nWall time per simulated run (one core each): "
-                  + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(walls.items()))
-                  + f". Slowest: {slowest} ({walls[slowest]:.1f} s).\n")
+        timing = (
+            "\nWall time per simulated run (one core each): "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(walls.items()))
+            + f". Slowest: {slowest} ({walls[slowest]:.1f} s).\n"
+        )
     far = far_off(rows)
     cal = f"""# Calibration: the simulated 8×B300 node against the published comparison
 
@@ -367,7 +425,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--warmup-minutes", type=float, default=5.0)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--runs", type=Path, help="rewrite the docs from this saved {\"runs\": [...]} file")
+    ap.add_argument("--runs", type=Path, help='rewrite the docs from this saved {"runs": [...]} file')
     ap.add_argument("--save", type=Path, help="save the runs here")
     ap.add_argument("--docs", type=Path, default=Path("docs"))
     args = ap.parse_args()

@@ -24,8 +24,13 @@ ROUTING_POLICIES = ("gateway", "sglang-cache-aware", "round-robin", "least-load"
 DP_PROFILE = "b300-dp8-fp8-cp"
 DP_LEVELS = (8, 16, 32, 48, 64, 96, 128)
 DP_POLICIES = ("direct", "gateway", "sglang-cache-aware")
-PUBLISHED_GOOD = {8: (5.14e6, 0.37, 7.12), 16: (10.90e6, 0.39, 8.01), 32: (16.79e6, 0.52, 9.58),
-                  48: (20.23e6, 0.65, 16.00), 64: (19.19e6, 5.97, 16.89)}
+PUBLISHED_GOOD = {
+    8: (5.14e6, 0.37, 7.12),
+    16: (10.90e6, 0.39, 8.01),
+    32: (16.79e6, 0.52, 9.58),
+    48: (20.23e6, 0.65, 16.00),
+    64: (19.19e6, 5.97, 16.89),
+}
 ROTATIONS = (("waiter", 600), ("waiter", 900), ("waiter", 1200), ("seat", 600), ("seat", 1200))
 
 
@@ -51,8 +56,13 @@ def jobs() -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
         out.append((f"bf16/unbounded/{n}", {**base, "policy": "direct", "unbounded": True}, None))
         for mode, q in ROTATIONS:
             if n in (48, 64):
-                out.append((f"bf16/{mode}{q}/{n}", {**base, "policy": "gateway"},
-                            {"admission": {"quantum_s": q, "rotate_on": mode}}))
+                out.append(
+                    (
+                        f"bf16/{mode}{q}/{n}",
+                        {**base, "policy": "gateway"},
+                        {"admission": {"quantum_s": q, "rotate_on": mode}},
+                    )
+                )
     for n in (8, 16, 32, 48, 64):
         base = {"profile": "b300-tp8-fp8-hicache", "conversations": n, "minutes": 20, "warmup_minutes": 5}
         out.append((f"hicache/direct/{n}", {**base, "policy": "direct"}, None))
@@ -96,130 +106,199 @@ def _s(x: float | None) -> str:
 
 
 def render(rows: dict[str, dict[str, Any]], wall: float) -> str:
-    lines = [BEGIN, "", "## Admission control: `gateway` against `direct`", "",
-             "Simulated, coding-agent workload, seed 1, one backend. Figures after the warm-up; requests still "
-             f"waiting at the end count with their wait so far. All {len(rows)} runs took {wall:.0f} s of wall time "
-             "on 2 cores.", ""]
-    lines += ["### bf16 8×B300 (`b300-tp8-bf16`, 2.63M tokens of KV), 60 minutes", "",
-              "```", "cachegate simulate --profile b300-tp8-bf16 --backends 1 --policy gateway --workload coding-agent "
-              "--conversations 16,32,48,64 --minutes 60 --warmup-minutes 10 --seed 1",
-              "cachegate simulate ... --policy direct            # and --policy direct --unbounded for the ceiling",
-              "```", "",
-              "| Conv. | System | Tokens/min | × direct | TTFT p50 | TTFT p95 | Longest wait | Req/min | Cache hit | "
-              "Starved |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        BEGIN,
+        "",
+        "## Admission control: `gateway` against `direct`",
+        "",
+        "Simulated, coding-agent workload, seed 1, one backend. Figures after the warm-up; requests still "
+        f"waiting at the end count with their wait so far. All {len(rows)} runs took {wall:.0f} s of wall time "
+        "on 2 cores.",
+        "",
+    ]
+    lines += [
+        "### bf16 8×B300 (`b300-tp8-bf16`, 2.63M tokens of KV), 60 minutes",
+        "",
+        "```",
+        "cachegate simulate --profile b300-tp8-bf16 --backends 1 --policy gateway --workload coding-agent "
+        "--conversations 16,32,48,64 --minutes 60 --warmup-minutes 10 --seed 1",
+        "cachegate simulate ... --policy direct            # and --policy direct --unbounded for the ceiling",
+        "```",
+        "",
+        "| Conv. | System | Tokens/min | × direct | TTFT p50 | TTFT p95 | Longest wait | Req/min | Cache hit | "
+        "Starved |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     peak = max(rows[f"bf16/gateway/{n}"]["total_tpm"] for n in (16, 32, 48, 64))
     for n in (16, 32, 48, 64):
         d = rows[f"bf16/direct/{n}"]
         for label, key in (("direct", "direct"), ("gateway", "gateway"), ("unbounded ceiling", "unbounded")):
             r = rows[f"bf16/{key}/{n}"]
-            lines.append(f"| {n} | {label} | {_m(r['total_tpm'])} | {r['total_tpm'] / d['total_tpm']:.2f} | "
-                         f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {_s(r['max_wait_s'])} | "
-                         f"{r['completed_rpm']:.1f} | {r['cache_hit_rate']:.1%} | {r['starved']} |")
-    lines += ["", f"`gateway` peak: {_m(peak)}; at 32/48/64 it keeps "
-              + ", ".join(f"{rows[f'bf16/gateway/{n}']['total_tpm'] / peak:.0%}" for n in (32, 48, 64))
-              + " of it.", ""]
-    lines += ["#### The quantum: throughput against waiting", "",
-              "An idle seat is given up for a conversation that has waited `quantum_s` (`rotate_on: waiter`, the "
-              "default), or once it has been held `quantum_s` while others wait (`rotate_on: seat`); each swap-in "
-              "costs a full recompute of its context. Same runs with `--config` holding "
-              "`admission: {quantum_s: Q, rotate_on: M}`:", "",
-              "| Conv. | rotate_on | quantum_s | Tokens/min | × direct | TTFT p50 | TTFT p95 | Longest wait "
-              "| Starved |",
-              "|---|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {n} | {label} | {_m(r['total_tpm'])} | {r['total_tpm'] / d['total_tpm']:.2f} | "
+                f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {_s(r['max_wait_s'])} | "
+                f"{r['completed_rpm']:.1f} | {r['cache_hit_rate']:.1%} | {r['starved']} |"
+            )
+    lines += [
+        "",
+        f"`gateway` peak: {_m(peak)}; at 32/48/64 it keeps "
+        + ", ".join(f"{rows[f'bf16/gateway/{n}']['total_tpm'] / peak:.0%}" for n in (32, 48, 64))
+        + " of it.",
+        "",
+    ]
+    lines += [
+        "#### The quantum: throughput against waiting",
+        "",
+        "An idle seat is given up for a conversation that has waited `quantum_s` (`rotate_on: waiter`, the "
+        "default), or once it has been held `quantum_s` while others wait (`rotate_on: seat`); each swap-in "
+        "costs a full recompute of its context. Same runs with `--config` holding "
+        "`admission: {quantum_s: Q, rotate_on: M}`:",
+        "",
+        "| Conv. | rotate_on | quantum_s | Tokens/min | × direct | TTFT p50 | TTFT p95 | Longest wait | Starved |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for n in (48, 64):
         d = rows[f"bf16/direct/{n}"]
         for mode, q in ROTATIONS:
             r = rows[f"bf16/{mode}{q}/{n}"]
-            lines.append(f"| {n} | {mode} | {q} | {_m(r['total_tpm'])} | {r['total_tpm'] / d['total_tpm']:.2f} | "
-                         f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {_s(r['max_wait_s'])} | {r['starved']} |")
-    lines += ["", "### fp8 KV + host cache (`b300-tp8-fp8-hicache`), 20 minutes", "",
-              "```", "cachegate simulate --profile b300-tp8-fp8-hicache --backends 1 --policy gateway "
-              "--conversations 8,16,32,48,64 --minutes 20 --warmup-minutes 5 --seed 1", "```", "",
-              "| Conv. | System | Tokens/min | × direct | TTFT p50 | TTFT p95 | published p95 | Longest wait "
-              "| Starved |",
-              "|---|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {n} | {mode} | {q} | {_m(r['total_tpm'])} | {r['total_tpm'] / d['total_tpm']:.2f} | "
+                f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {_s(r['max_wait_s'])} | {r['starved']} |"
+            )
+    lines += [
+        "",
+        "### fp8 KV + host cache (`b300-tp8-fp8-hicache`), 20 minutes",
+        "",
+        "```",
+        "cachegate simulate --profile b300-tp8-fp8-hicache --backends 1 --policy gateway "
+        "--conversations 8,16,32,48,64 --minutes 20 --warmup-minutes 5 --seed 1",
+        "```",
+        "",
+        "| Conv. | System | Tokens/min | × direct | TTFT p50 | TTFT p95 | published p95 | Longest wait | Starved |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     published_p95 = {8: 7.12, 16: 8.01, 32: 9.58, 48: 16.00, 64: 16.89}
     for n in (8, 16, 32, 48, 64):
         d = rows[f"hicache/direct/{n}"]
         for label in ("direct", "gateway"):
             r = rows[f"hicache/{label}/{n}"]
-            lines.append(f"| {n} | {label} | {_m(r['total_tpm'])} | {r['total_tpm'] / d['total_tpm']:.3f} | "
-                         f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {published_p95[n]:.2f} s | "
-                         f"{_s(r['max_wait_s'])} | {r['starved']} |")
+            lines.append(
+                f"| {n} | {label} | {_m(r['total_tpm'])} | {r['total_tpm'] / d['total_tpm']:.3f} | "
+                f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {published_p95[n]:.2f} s | "
+                f"{_s(r['max_wait_s'])} | {r['starved']} |"
+            )
     lines += ["", "Acceptance (seats count the host tier and rotate at the swap cost):", ""]
     lines += [f"- {x}" for x in hicache_checks(rows)]
-    lines += ["", "### Two teams on one `b300-tp8-fp8` backend, equal weights, 20 minutes", "",
-              "```", "cachegate simulate --profile b300-tp8-fp8 --backends 1 --policy gateway --teams big:40,small:8 "
-              "--minutes 20 --warmup-minutes 5 --seed 1", "cachegate simulate ... --teams small:8   # alone", "```", "",
-              "| System | Run | Team | Conv. | Req/min per conv. | TTFT p50 | TTFT p95 | Tokens/min |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "### Two teams on one `b300-tp8-fp8` backend, equal weights, 20 minutes",
+        "",
+        "```",
+        "cachegate simulate --profile b300-tp8-fp8 --backends 1 --policy gateway --teams big:40,small:8 "
+        "--minutes 20 --warmup-minutes 5 --seed 1",
+        "cachegate simulate ... --teams small:8   # alone",
+        "```",
+        "",
+        "| System | Run | Team | Conv. | Req/min per conv. | TTFT p50 | TTFT p95 | Tokens/min |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for policy in ("direct", "gateway", "unbounded"):
         for run in ("alone", "both"):
             r = rows[f"teams/{policy}/{run}"]
             for team, t in sorted(r["teams"].items()):
                 name = "gateway, unbounded KV" if policy == "unbounded" else policy
-                lines.append(f"| {name} | {run} | {team} | {t['conversations']} | "
-                             f"{t['completed_rpm'] / t['conversations']:.2f} | {_s(t['ttft_p50_s'])} | "
-                             f"{_s(t['ttft_p95_s'])} | {_m(t['total_tpm'])} |")
+                lines.append(
+                    f"| {name} | {run} | {team} | {t['conversations']} | "
+                    f"{t['completed_rpm'] / t['conversations']:.2f} | {_s(t['ttft_p50_s'])} | "
+                    f"{_s(t['ttft_p95_s'])} | {_m(t['total_tpm'])} |"
+                )
     lines += ["", END]
     return "\n".join(lines)
 
 
 def render_routing(rows: dict[str, dict[str, Any]]) -> str:
     pooled = rows["trace/pooled"]["cache_hit_rate"]
-    lines = [RBEGIN, "", "## Prefix-cache-aware routing", "",
-             "### Mooncake conversation trace, first 20 minutes (window 5-20), 8 × `b300-tp8-fp8` with 1M tokens each",
-             "", "```",
-             f"cachegate simulate --workload trace:{TRACE} --profile b300-tp8-fp8 --backends 8 --kv-tokens 1000000 "
-             "--minutes 20 --policy gateway      # and sglang-cache-aware, round-robin, least-load; --unbounded",
-             f"cachegate simulate --workload trace:{TRACE} --profile b300-tp8-fp8 --backends 1 --kv-tokens 8000000 "
-             "--minutes 20 --policy direct       # one pooled cache of the same total size",
-             "```", "",
-             "| Setup | Policy | Cache hit | × pooled | Busiest / mean | TTFT p50 | TTFT p95 | Req/min |",
-             "|---|---|---|---|---|---|---|---|"]
-    for tag, setup, label in [("trace/pooled", "1 × 8M", "direct"),
-                              *((f"trace/{p}", "8 × 1M", p) for p in ROUTING_POLICIES),
-                              ("trace/unbounded", "8 × unbounded", "gateway")]:
+    lines = [
+        RBEGIN,
+        "",
+        "## Prefix-cache-aware routing",
+        "",
+        "### Mooncake conversation trace, first 20 minutes (window 5-20), 8 × `b300-tp8-fp8` with 1M tokens each",
+        "",
+        "```",
+        f"cachegate simulate --workload trace:{TRACE} --profile b300-tp8-fp8 --backends 8 --kv-tokens 1000000 "
+        "--minutes 20 --policy gateway      # and sglang-cache-aware, round-robin, least-load; --unbounded",
+        f"cachegate simulate --workload trace:{TRACE} --profile b300-tp8-fp8 --backends 1 --kv-tokens 8000000 "
+        "--minutes 20 --policy direct       # one pooled cache of the same total size",
+        "```",
+        "",
+        "| Setup | Policy | Cache hit | × pooled | Busiest / mean | TTFT p50 | TTFT p95 | Req/min |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for tag, setup, label in [
+        ("trace/pooled", "1 × 8M", "direct"),
+        *((f"trace/{p}", "8 × 1M", p) for p in ROUTING_POLICIES),
+        ("trace/unbounded", "8 × unbounded", "gateway"),
+    ]:
         r = rows[tag]
-        lines.append(f"| {setup} | {label} | {r['cache_hit_rate']:.3f} | {r['cache_hit_rate'] / pooled:.2f} | "
-                     f"{r['load_imbalance']:.3f} | {_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | "
-                     f"{r['completed_rpm']:.1f} |")
-    lines += ["", "### coding-agent on 4 × `b300-tp8-fp8`, 20 minutes", "", "```",
-              "cachegate simulate --profile b300-tp8-fp8 --backends 4 --conversations 48,192 --minutes 20 "
-              "--policy gateway                   # and the others; --unbounded for the ceiling", "```", "",
-              "| Conv. | Policy | Tokens/min | TTFT p50 | TTFT p95 | Longest wait | Cache hit | Busiest / mean "
-              "| Starved |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {setup} | {label} | {r['cache_hit_rate']:.3f} | {r['cache_hit_rate'] / pooled:.2f} | "
+            f"{r['load_imbalance']:.3f} | {_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | "
+            f"{r['completed_rpm']:.1f} |"
+        )
+    lines += [
+        "",
+        "### coding-agent on 4 × `b300-tp8-fp8`, 20 minutes",
+        "",
+        "```",
+        "cachegate simulate --profile b300-tp8-fp8 --backends 4 --conversations 48,192 --minutes 20 "
+        "--policy gateway                   # and the others; --unbounded for the ceiling",
+        "```",
+        "",
+        "| Conv. | Policy | Tokens/min | TTFT p50 | TTFT p95 | Longest wait | Cache hit | Busiest / mean | Starved |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for n in (48, 192):
         for label in (*ROUTING_POLICIES, "unbounded"):
             r = rows[f"agent/{label}/{n}"]
             name = "gateway, unbounded ceiling" if label == "unbounded" else label
-            lines.append(f"| {n} | {name} | {_m(r['total_tpm'])} | {_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | "
-                         f"{_s(r['max_wait_s'])} | {r['cache_hit_rate']:.1%} | {r['load_imbalance']:.3f} | "
-                         f"{r['starved']} |")
-    lines += ["", f"### cachegate on the good deployment's engine (`{DP_PROFILE}`, one DP8 server), 20 minutes", "",
-              "```",
-              f"cachegate simulate --profile {DP_PROFILE} --backends 1 --conversations "
-              f"{','.join(map(str, DP_LEVELS))} --minutes 20 --policy gateway     # and direct, sglang-cache-aware; "
-              "--unbounded for the ceiling", "```", "",
-              "`gateway` pins each conversation to a rank (`routed_dp_rank`) and seats at most 1.2 × the rank's "
-              "`max_running_requests` (5) conversations per rank; `direct` is the server's own round-robin over "
-              "ranks; `sglang-cache-aware` is SGLang's router with one worker per rank. The ceiling is `gateway` "
-              "with unbounded KV, where the backend reports no running cap, so every conversation is seated "
-              "(perfect routing, no seat limit; the engine's cap of 5 running per rank still applies).", "",
-              "| Conv. | Policy | Tokens/min | × sglang-cache-aware | Req/min | Output tok/min | TTFT p50 | TTFT p95 "
-              "| published p95 | Longest wait | Cache hit | Starved |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {n} | {name} | {_m(r['total_tpm'])} | {_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | "
+                f"{_s(r['max_wait_s'])} | {r['cache_hit_rate']:.1%} | {r['load_imbalance']:.3f} | "
+                f"{r['starved']} |"
+            )
+    lines += [
+        "",
+        f"### cachegate on the good deployment's engine (`{DP_PROFILE}`, one DP8 server), 20 minutes",
+        "",
+        "```",
+        f"cachegate simulate --profile {DP_PROFILE} --backends 1 --conversations "
+        f"{','.join(map(str, DP_LEVELS))} --minutes 20 --policy gateway     # and direct, sglang-cache-aware; "
+        "--unbounded for the ceiling",
+        "```",
+        "",
+        "`gateway` pins each conversation to a rank (`routed_dp_rank`) and seats at most 1.2 × the rank's "
+        "`max_running_requests` (5) conversations per rank; `direct` is the server's own round-robin over "
+        "ranks; `sglang-cache-aware` is SGLang's router with one worker per rank. The ceiling is `gateway` "
+        "with unbounded KV, where the backend reports no running cap, so every conversation is seated "
+        "(perfect routing, no seat limit; the engine's cap of 5 running per rank still applies).",
+        "",
+        "| Conv. | Policy | Tokens/min | × sglang-cache-aware | Req/min | Output tok/min | TTFT p50 | TTFT p95 "
+        "| published p95 | Longest wait | Cache hit | Starved |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for n in DP_LEVELS:
         ref = rows[f"dp/sglang-cache-aware/{n}"]["total_tpm"]
         pub = f"{PUBLISHED_GOOD[n][2]:.2f} s" if n in PUBLISHED_GOOD else "-"
         for label in (*DP_POLICIES, "unbounded"):
             r = rows[f"dp/{label}/{n}"]
             name = "gateway, unbounded ceiling" if label == "unbounded" else label
-            lines.append(f"| {n} | {name} | {_m(r['total_tpm'])} | {r['total_tpm'] / ref:.2f} | "
-                         f"{r['completed_rpm']:.1f} | {r['output_tpm'] / 1e3:.0f}k | "
-                         f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {pub} | {_s(r['max_wait_s'])} | "
-                         f"{r['cache_hit_rate']:.1%} | {r['starved']} |")
+            lines.append(
+                f"| {n} | {name} | {_m(r['total_tpm'])} | {r['total_tpm'] / ref:.2f} | "
+                f"{r['completed_rpm']:.1f} | {r['output_tpm'] / 1e3:.0f}k | "
+                f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {pub} | {_s(r['max_wait_s'])} | "
+                f"{r['cache_hit_rate']:.1%} | {r['starved']} |"
+            )
     lines += ["", "Acceptance:", ""] + [f"- {x}" for x in dp_checks(rows)]
     lines += ["", REND]
     return "\n".join(lines)
@@ -232,20 +311,30 @@ def dp_checks(rows: dict[str, dict[str, Any]]) -> list[str]:
     peak = max(r["total_tpm"] for r in g.values())
     out = []
     worse = [n for n in DP_LEVELS if g[n]["total_tpm"] < ca[n]["total_tpm"]]
-    out.append(f"{'PASS' if not worse else 'FAIL'}: `gateway` tokens/min ≥ `sglang-cache-aware`'s at every level "
-               "(" + ", ".join(f"{n}: {g[n]['total_tpm'] / ca[n]['total_tpm']:.2f}×" for n in DP_LEVELS) + ")")
+    out.append(
+        f"{'PASS' if not worse else 'FAIL'}: `gateway` tokens/min ≥ `sglang-cache-aware`'s at every level "
+        "(" + ", ".join(f"{n}: {g[n]['total_tpm'] / ca[n]['total_tpm']:.2f}×" for n in DP_LEVELS) + ")"
+    )
     keep = {n: g[n]["total_tpm"] / peak for n in (96, 128)}
-    out.append(f"{'PASS' if min(keep.values()) >= 0.95 else 'FAIL'}: at 96 and 128 ≥ 95% of its own peak "
-               f"({_m(peak)}): " + ", ".join(f"{n}: {v:.0%}" for n, v in keep.items()))
+    out.append(
+        f"{'PASS' if min(keep.values()) >= 0.95 else 'FAIL'}: at 96 and 128 ≥ 95% of its own peak "
+        f"({_m(peak)}): " + ", ".join(f"{n}: {v:.0%}" for n, v in keep.items())
+    )
     p50 = {n: g[n]["ttft_p50_s"] for n in DP_LEVELS}
-    out.append(f"{'PASS' if max(p50.values()) <= 1.0 else 'FAIL'}: median TTFT ≤ 1 s at every level "
-               "(" + ", ".join(f"{n}: {v:.2f} s" for n, v in p50.items()) + ")")
+    out.append(
+        f"{'PASS' if max(p50.values()) <= 1.0 else 'FAIL'}: median TTFT ≤ 1 s at every level "
+        "(" + ", ".join(f"{n}: {v:.2f} s" for n, v in p50.items()) + ")"
+    )
     p95 = {n: g[n]["ttft_p95_s"] for n in PUBLISHED_GOOD}
-    out.append(f"{'PASS' if all(p95[n] <= PUBLISHED_GOOD[n][2] for n in p95) else 'FAIL'}: p95 TTFT ≤ published "
-               "p95 at 8-64 (" + ", ".join(f"{n}: {p95[n]:.2f} / {PUBLISHED_GOOD[n][2]:.2f} s" for n in p95) + ")")
+    out.append(
+        f"{'PASS' if all(p95[n] <= PUBLISHED_GOOD[n][2] for n in p95) else 'FAIL'}: p95 TTFT ≤ published "
+        "p95 at 8-64 (" + ", ".join(f"{n}: {p95[n]:.2f} / {PUBLISHED_GOOD[n][2]:.2f} s" for n in p95) + ")"
+    )
     starved = sum(g[n]["starved"] for n in DP_LEVELS)
-    out.append(f"{'PASS' if starved == 0 else 'FAIL'}: nobody starved ({starved} slots); longest wait for a seat "
-               + ", ".join(f"{n}: {_s(g[n]['max_wait_s'])}" for n in DP_LEVELS))
+    out.append(
+        f"{'PASS' if starved == 0 else 'FAIL'}: nobody starved ({starved} slots); longest wait for a seat "
+        + ", ".join(f"{n}: {_s(g[n]['max_wait_s'])}" for n in DP_LEVELS)
+    )
     return out
 
 
@@ -256,14 +345,23 @@ def hicache_checks(rows: dict[str, dict[str, Any]]) -> list[str]:
     g = {n: rows[f"hicache/gateway/{n}"] for n in levels}
     d = {n: rows[f"hicache/direct/{n}"] for n in levels}
     ok = all(g[n]["total_tpm"] >= d[n]["total_tpm"] for n in levels)
-    out.append(f"{'PASS' if ok else 'FAIL'}: tokens/min ≥ `direct`'s ("
-               + ", ".join(f"{n}: {g[n]['total_tpm'] / d[n]['total_tpm']:.3f}×" for n in levels) + ")")
+    out.append(
+        f"{'PASS' if ok else 'FAIL'}: tokens/min ≥ `direct`'s ("
+        + ", ".join(f"{n}: {g[n]['total_tpm'] / d[n]['total_tpm']:.3f}×" for n in levels)
+        + ")"
+    )
     ok = all(g[n]["ttft_p95_s"] < PUBLISHED_GOOD[n][2] for n in levels)
-    out.append(f"{'PASS' if ok else 'FAIL'}: p95 below the published p95 ("
-               + ", ".join(f"{n}: {g[n]['ttft_p95_s']:.2f} / {PUBLISHED_GOOD[n][2]:.2f} s" for n in levels) + ")")
+    out.append(
+        f"{'PASS' if ok else 'FAIL'}: p95 below the published p95 ("
+        + ", ".join(f"{n}: {g[n]['ttft_p95_s']:.2f} / {PUBLISHED_GOOD[n][2]:.2f} s" for n in levels)
+        + ")"
+    )
     ok = all(g[n]["max_wait_s"] <= d[n]["max_wait_s"] + 10 for n in levels)
-    out.append(f"{'PASS' if ok else 'FAIL'}: longest wait ≤ `direct`'s + 10 s ("
-               + ", ".join(f"{n}: {g[n]['max_wait_s']:.0f} / {d[n]['max_wait_s']:.0f} s" for n in levels) + ")")
+    out.append(
+        f"{'PASS' if ok else 'FAIL'}: longest wait ≤ `direct`'s + 10 s ("
+        + ", ".join(f"{n}: {g[n]['max_wait_s']:.0f} / {d[n]['max_wait_s']:.0f} s" for n in levels)
+        + ")"
+    )
     return out
 
 

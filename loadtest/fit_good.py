@@ -68,8 +68,17 @@ def residuals(rows: dict[int, dict]) -> dict[str, float]:
     return out
 
 
-LIMITS = {"tpm@8": 0.2, "tpm@16": 0.2, "tpm@32": 0.2, "tpm@48": 0.15, "tpm@64": 0.15,
-          "rpm@48": 0.15, "tps@32": 0.15, "p50@64": 0.3, "p95@64": 0.3}
+LIMITS = {
+    "tpm@8": 0.2,
+    "tpm@16": 0.2,
+    "tpm@32": 0.2,
+    "tpm@48": 0.15,
+    "tpm@64": 0.15,
+    "rpm@48": 0.15,
+    "tps@32": 0.15,
+    "p50@64": 0.3,
+    "p95@64": 0.3,
+}
 
 
 def score(res: dict[str, float]) -> float:
@@ -85,14 +94,19 @@ def evaluate(fit: Fit, jobs: int, policy: str = POLICY) -> tuple[dict[int, dict]
 
 
 def table(rows: dict[int, dict]) -> str:
-    lines = ["| Conv. | TPM sim | TPM pub | residual | TTFT p50 sim | pub | TTFT p95 sim | pub | req/min | "
-             "out tok/s p50 | cache hit |", "|" + "---|" * 11]
+    lines = [
+        "| Conv. | TPM sim | TPM pub | residual | TTFT p50 sim | pub | TTFT p95 sim | pub | req/min | "
+        "out tok/s p50 | cache hit |",
+        "|" + "---|" * 11,
+    ]
     for n in LEVELS:
         r = rows[n]
-        lines.append(f"| {n} | {r['total_tpm'] / 1e6:.2f}M | {PUB_TPM[n] / 1e6:.2f}M | "
-                     f"{r['total_tpm'] / PUB_TPM[n] - 1:+.0%} | {r['ttft_p50_s']:.2f} | {PUB_P50[n]:.2f} | "
-                     f"{r['ttft_p95_s']:.2f} | {PUB_P95[n]:.2f} | {r['completed_rpm']:.1f} | "
-                     f"{r['output_tps_p50']:.1f} | {r['cache_hit_rate']:.1%} |")
+        lines.append(
+            f"| {n} | {r['total_tpm'] / 1e6:.2f}M | {PUB_TPM[n] / 1e6:.2f}M | "
+            f"{r['total_tpm'] / PUB_TPM[n] - 1:+.0%} | {r['ttft_p50_s']:.2f} | {PUB_P50[n]:.2f} | "
+            f"{r['ttft_p95_s']:.2f} | {PUB_P95[n]:.2f} | {r['completed_rpm']:.1f} | "
+            f"{r['output_tps_p50']:.1f} | {r['cache_hit_rate']:.1%} |"
+        )
     return "\n".join(lines)
 
 
@@ -104,16 +118,30 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     fits = [GOOD_FIT]
     if args.search:
-        fits = [Fit(u_attn=ua, u_lin=ul, max_running_total=m, tokenize_tokens_per_s=GOOD_FIT.tokenize_tokens_per_s,
-                    request_overhead_s=GOOD_FIT.request_overhead_s, spec_draft_tokens=d, spec_accept_length=acc)
-                for ua, ul, m, (d, acc) in itertools.product((0.6, 0.8), (0.3, 0.45), (40, 48),
-                                                             ((0, 1.0), (1, 1.3), (1, 1.4)))]
+        fits = [
+            Fit(
+                u_attn=ua,
+                u_lin=ul,
+                max_running_total=m,
+                tokenize_tokens_per_s=GOOD_FIT.tokenize_tokens_per_s,
+                request_overhead_s=GOOD_FIT.request_overhead_s,
+                spec_draft_tokens=d,
+                spec_accept_length=acc,
+            )
+            for ua, ul, m, (d, acc) in itertools.product(
+                (0.6, 0.8), (0.3, 0.45), (40, 48), ((0, 1.0), (1, 1.3), (1, 1.4))
+            )
+        ]
     best: tuple[float, Fit, dict[int, dict], dict[str, float]] | None = None
     for fit in fits:
         rows, res = evaluate(fit, args.jobs, args.policy)
         s = score(res)
-        print(json.dumps({"fit": asdict(fit), "score": round(s, 3),
-                          "residuals": {k: round(v, 3) for k, v in res.items()}}), flush=True)
+        print(
+            json.dumps(
+                {"fit": asdict(fit), "score": round(s, 3), "residuals": {k: round(v, 3) for k, v in res.items()}}
+            ),
+            flush=True,
+        )
         if best is None or s < best[0]:
             best = (s, fit, rows, res)
     assert best is not None

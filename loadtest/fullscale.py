@@ -41,8 +41,12 @@ def published(which: str) -> dict[str, list[float]]:
     """The published points of the "good" or "bad" deployment: levels, tokens/min, TTFT p50, p95."""
     pts = PUBLISHED[which]
     levels = sorted(pts)
-    return {"conversations": [float(n) for n in levels], "total_tpm": [pts[n][0] for n in levels],
-            "ttft_p50_s": [pts[n][1] for n in levels], "ttft_p95_s": [pts[n][2] for n in levels]}
+    return {
+        "conversations": [float(n) for n in levels],
+        "total_tpm": [pts[n][0] for n in levels],
+        "ttft_p50_s": [pts[n][1] for n in levels],
+        "ttft_p95_s": [pts[n][2] for n in levels],
+    }
 
 
 def _nice() -> None:
@@ -53,8 +57,13 @@ def code_key(work: list) -> str:
     """A hash of the code the figures depend on and of the runs asked for: equal keys, equal figures."""
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256(repr(work).encode())
-    for pattern in ("backends/sim/*.py", "policies/**/*.py", "loadtest/simulate.py", "loadtest/workload.py",
-                    "loadtest/metrics.py"):
+    for pattern in (
+        "backends/sim/*.py",
+        "policies/**/*.py",
+        "loadtest/simulate.py",
+        "loadtest/workload.py",
+        "loadtest/metrics.py",
+    ):
         for f in sorted(root.glob(pattern)):
             h.update(f.read_bytes())
     return h.hexdigest()
@@ -65,20 +74,32 @@ def _run(args: tuple[str, str, int, float, float, int]) -> tuple[dict, float]:
 
     profile, policy, n, minutes, warmup, seed = args
     t = time.process_time()
-    row = run_one(SimConfig(profile=profile, policy=policy, conversations=n, minutes=minutes,
-                            warmup_minutes=warmup, seed=seed))
+    row = run_one(
+        SimConfig(profile=profile, policy=policy, conversations=n, minutes=minutes, warmup_minutes=warmup, seed=seed)
+    )
     return row, time.process_time() - t
 
 
 class FullScale:
     """The runs, started in a low-priority process pool; ``result()`` waits for them."""
 
-    def __init__(self, minutes: float = 15.0, warmup: float = 5.0, seed: int = 1, jobs: int = 2,
-                 levels: tuple[int, ...] = LEVELS, cache: Path | None = None) -> None:
+    def __init__(
+        self,
+        minutes: float = 15.0,
+        warmup: float = 5.0,
+        seed: int = 1,
+        jobs: int = 2,
+        levels: tuple[int, ...] = LEVELS,
+        cache: Path | None = None,
+    ) -> None:
         self.good, self.fallback = good_profile()
         self.minutes, self.warmup, self.seed = minutes, warmup, seed
-        self.work = [(p, pol, n, float(minutes), float(warmup), seed) for p in (BAD_PROFILE, self.good)
-                     for pol in POLICIES for n in levels]
+        self.work = [
+            (p, pol, n, float(minutes), float(warmup), seed)
+            for p in (BAD_PROFILE, self.good)
+            for pol in POLICIES
+            for n in levels
+        ]
         self.t0 = time.perf_counter()
         self.cache = cache
         self.key = code_key(self.work)
@@ -112,13 +133,19 @@ class FullScale:
         return out
 
     def _result(self, done: list[tuple[dict, float]]) -> dict:
-        return {"bad_profile": BAD_PROFILE, "good_profile": self.good, "good_is_fallback": self.fallback,
-                "minutes": self.minutes, "warmup_minutes": self.warmup, "seed": self.seed,
-                "wall_s": round(time.perf_counter() - self.t0, 1),
-                "cpu_s": round(sum(w for _, w in done), 1),
-                "runs": [row for row, _ in done],
-                "published": {"bad": published("bad"), "good": published("good")},
-                "command": command(self.good, self.minutes, self.warmup, self.seed)}
+        return {
+            "bad_profile": BAD_PROFILE,
+            "good_profile": self.good,
+            "good_is_fallback": self.fallback,
+            "minutes": self.minutes,
+            "warmup_minutes": self.warmup,
+            "seed": self.seed,
+            "wall_s": round(time.perf_counter() - self.t0, 1),
+            "cpu_s": round(sum(w for _, w in done), 1),
+            "runs": [row for row, _ in done],
+            "published": {"bad": published("bad"), "good": published("good")},
+            "command": command(self.good, self.minutes, self.warmup, self.seed),
+        }
 
     def cancel(self) -> None:
         if self._pool is not None:
@@ -127,6 +154,9 @@ class FullScale:
 
 def command(good: str, minutes: float, warmup: float, seed: int) -> str:
     levels = ",".join(map(str, LEVELS))
-    return "\n".join(f"cachegate simulate --profile {p} --backends 1 --policy {pol} --conversations {levels} "
-                     f"--minutes {minutes:g} --warmup-minutes {warmup:g} --seed {seed}"
-                     for p in (BAD_PROFILE, good) for pol in POLICIES)
+    return "\n".join(
+        f"cachegate simulate --profile {p} --backends 1 --policy {pol} --conversations {levels} "
+        f"--minutes {minutes:g} --warmup-minutes {warmup:g} --seed {seed}"
+        for p in (BAD_PROFILE, good)
+        for pol in POLICIES
+    )

@@ -65,8 +65,14 @@ def ttft_samples(records: Iterable[RequestRecord], start: float, end: float) -> 
     return samples
 
 
-def summarize(records: Sequence[RequestRecord], start: float, end: float, *,
-              slots: dict[int, str] | None = None, backends: Sequence[str] = ()) -> dict:
+def summarize(
+    records: Sequence[RequestRecord],
+    start: float,
+    end: float,
+    *,
+    slots: dict[int, str] | None = None,
+    backends: Sequence[str] = (),
+) -> dict:
     """Run-level figures over ``[start, end)`` (seconds); ``slots`` maps slot -> team."""
     minutes = max(1e-9, (end - start) / 60.0)
     done = [r for r in records if r.finish is not None and r.ok and start <= r.finish < end]
@@ -74,8 +80,11 @@ def summarize(records: Sequence[RequestRecord], start: float, end: float, *,
     cached = sum(r.cached_tokens for r in done)
     out = sum(r.output_tokens for r in done)
     ttfts = ttft_samples(records, start, end)
-    speeds = [(r.output_tokens - 1) / (r.finish - r.first_token) for r in done
-              if r.first_token is not None and r.output_tokens > 1 and r.finish > r.first_token]
+    speeds = [
+        (r.output_tokens - 1) / (r.finish - r.first_token)
+        for r in done
+        if r.first_token is not None and r.output_tokens > 1 and r.finish > r.first_token
+    ]
     errors = sum(1 for r in records if r.error is not None and start <= (r.finish or r.arrival) < end)
     served: dict[str, int] = dict.fromkeys(backends, 0)
     for r in done:
@@ -103,14 +112,19 @@ def summarize(records: Sequence[RequestRecord], start: float, end: float, *,
     return row
 
 
-def team_rows(records: Sequence[RequestRecord], start: float, end: float,
-              team_sizes: dict[str, int]) -> dict[str, dict]:
+def team_rows(
+    records: Sequence[RequestRecord], start: float, end: float, team_sizes: dict[str, int]
+) -> dict[str, dict]:
     """Per-team ``{conversations, completed_rpm, ttft_p50_s, ttft_p95_s, total_tpm}``."""
     teams: dict[str, dict] = {}
     for team, size in team_sizes.items():
         mine = [r for r in records if r.team == team]
         row = summarize(mine, start, end)
-        teams[team] = {"conversations": size, "completed_rpm": row["completed_rpm"],
-                       "ttft_p50_s": row["ttft_p50_s"], "ttft_p95_s": row["ttft_p95_s"],
-                       "total_tpm": row["total_tpm"]}
+        teams[team] = {
+            "conversations": size,
+            "completed_rpm": row["completed_rpm"],
+            "ttft_p50_s": row["ttft_p50_s"],
+            "ttft_p95_s": row["ttft_p95_s"],
+            "total_tpm": row["total_tpm"],
+        }
     return teams

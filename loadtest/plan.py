@@ -57,8 +57,11 @@ class Targets:
     def misses(self, row: dict) -> list[str]:
         """The targets ``row`` misses (empty: it meets them)."""
         out = []
-        for key, limit in (("ttft_p50_s", self.ttft_p50_s), ("ttft_p95_s", self.ttft_p95_s),
-                           ("max_wait_s", self.max_wait_s)):
+        for key, limit in (
+            ("ttft_p50_s", self.ttft_p50_s),
+            ("ttft_p95_s", self.ttft_p95_s),
+            ("max_wait_s", self.max_wait_s),
+        ):
             value = row.get(key)
             if value is None or value > limit:
                 out.append(key)
@@ -104,15 +107,32 @@ def parse_teams(spec: str) -> list[TeamDemand]:
 def teams_config(teams: list[TeamDemand], peaks: dict[str, int], targets: Targets) -> dict:
     """The ``teams:`` section for the recommended fleet."""
     timeout = max(300.0, 2 * targets.max_wait_s)
-    return {t.name: {"max_concurrency": max(1, min(t.conversations, math.ceil(peaks.get(t.name, 1) * HEADROOM))),
-                     "max_queue": t.conversations, "queue_timeout_s": timeout, "weight": 1, "priority": 0}
-            for t in teams}
+    return {
+        t.name: {
+            "max_concurrency": max(1, min(t.conversations, math.ceil(peaks.get(t.name, 1) * HEADROOM))),
+            "max_queue": t.conversations,
+            "queue_timeout_s": timeout,
+            "weight": 1,
+            "priority": 0,
+        }
+        for t in teams
+    }
 
 
 # -- one simulated busy hour -----------------------------------------------------------------------
 
-def simulate(profile: str, servers: int, teams: list[tuple[str, int]], seed: int, minutes: float,
-             warmup: float, scale: float = 1.0, think_scale: float = 1.0, config: dict | None = None) -> dict:
+
+def simulate(
+    profile: str,
+    servers: int,
+    teams: list[tuple[str, int]],
+    seed: int,
+    minutes: float,
+    warmup: float,
+    scale: float = 1.0,
+    think_scale: float = 1.0,
+    config: dict | None = None,
+) -> dict:
     """One ``gateway`` run; the row of ``run_one`` plus ``peak_inflight`` per team."""
     from loadtest.metrics import summarize, team_rows
     from loadtest.sim_live import validate_config
@@ -120,17 +140,36 @@ def simulate(profile: str, servers: int, teams: list[tuple[str, int]], seed: int
     from loadtest.workload import TeamSpec, make_workload
 
     cpu = time.process_time()
-    cfg = SimConfig(profile=profile, backends=servers, policy="gateway", teams=[TeamSpec(n, c) for n, c in teams],
-                    minutes=minutes, warmup_minutes=warmup, seed=seed, scale=scale, think_scale=think_scale)
+    cfg = SimConfig(
+        profile=profile,
+        backends=servers,
+        policy="gateway",
+        teams=[TeamSpec(n, c) for n, c in teams],
+        minutes=minutes,
+        warmup_minutes=warmup,
+        seed=seed,
+        scale=scale,
+        think_scale=think_scale,
+    )
     factory = default_engine_factory(cfg)
     engines = {f"b{i}": factory() for i in range(servers)}
-    sim = Simulator(cfg, build_core("gateway", config=config), engines,
-                    make_workload("coding-agent", seed=seed, scale=scale, think_scale=think_scale),
-                    validate_config(config) if config is not None else None)
+    sim = Simulator(
+        cfg,
+        build_core("gateway", config=config),
+        engines,
+        make_workload("coding-agent", seed=seed, scale=scale, think_scale=think_scale),
+        validate_config(config) if config is not None else None,
+    )
     records = sim.run()
     row = summarize(records, sim.warm, sim.end, slots={s.index: s.team for s in sim.slots}, backends=list(engines))
-    row.update(profile=profile, servers=servers, seed=seed, teams=team_rows(records, sim.warm, sim.end, dict(teams)),
-               peak_inflight=_peak_inflight(records, sim.warm, sim.end), cpu_s=time.process_time() - cpu)
+    row.update(
+        profile=profile,
+        servers=servers,
+        seed=seed,
+        teams=team_rows(records, sim.warm, sim.end, dict(teams)),
+        peak_inflight=_peak_inflight(records, sim.warm, sim.end),
+        cpu_s=time.process_time() - cpu,
+    )
     return row
 
 
@@ -160,6 +199,7 @@ def _run(args: tuple) -> dict:
 
 # -- the search ------------------------------------------------------------------------------------
 
+
 @dataclass
 class Point:
     servers: int
@@ -182,18 +222,27 @@ class Point:
         return max(vals) if vals else None
 
     def summary(self) -> dict:
-        return {"servers": self.servers, "meets": self.meets, "seeds_passed": self.passed(), "seeds": len(self.runs),
-                "total_tpm": self.median("total_tpm"), "ttft_p50_s": self.median("ttft_p50_s"),
-                "ttft_p95_s": self.median("ttft_p95_s"), "max_wait_s": self.median("max_wait_s"),
-                "worst_ttft_p95_s": self.worst("ttft_p95_s"), "worst_max_wait_s": self.worst("max_wait_s"),
-                "cache_hit_rate": self.median("cache_hit_rate")}
+        return {
+            "servers": self.servers,
+            "meets": self.meets,
+            "seeds_passed": self.passed(),
+            "seeds": len(self.runs),
+            "total_tpm": self.median("total_tpm"),
+            "ttft_p50_s": self.median("ttft_p50_s"),
+            "ttft_p95_s": self.median("ttft_p95_s"),
+            "max_wait_s": self.median("max_wait_s"),
+            "worst_ttft_p95_s": self.worst("ttft_p95_s"),
+            "worst_max_wait_s": self.worst("max_wait_s"),
+            "cache_hit_rate": self.median("cache_hit_rate"),
+        }
 
 
 class Planner:
     """Searches one profile at a time; ``pool`` runs the seeds of a fleet in parallel."""
 
-    def __init__(self, cfg: PlanConfig, pool: ProcessPoolExecutor | None = None,
-                 log: Callable[[str], None] = lambda _m: None) -> None:
+    def __init__(
+        self, cfg: PlanConfig, pool: ProcessPoolExecutor | None = None, log: Callable[[str], None] = lambda _m: None
+    ) -> None:
         self.cfg = cfg
         self.pool = pool
         self.log = log
@@ -202,14 +251,18 @@ class Planner:
 
     def evaluate(self, profile: str, servers: int, seeds: tuple[int, ...], config: dict | None = None) -> Point:
         c = self.cfg
-        work = [(profile, servers, self.teams, s, c.minutes, c.warmup_minutes, c.scale, c.think_scale, config)
-                for s in seeds]
+        work = [
+            (profile, servers, self.teams, s, c.minutes, c.warmup_minutes, c.scale, c.think_scale, config)
+            for s in seeds
+        ]
         runs = list(self.pool.map(_run, work)) if self.pool else [_run(w) for w in work]
         point = Point(servers, runs, c.targets)
         self.cpu_s += sum(r["cpu_s"] for r in runs)
-        self.log(f"{profile}: {servers} server(s): {point.passed()}/{len(runs)} seeds meet the targets "
-                 f"(p50 {point.median('ttft_p50_s')}, p95 {point.median('ttft_p95_s')}, "
-                 f"wait {point.median('max_wait_s')})")
+        self.log(
+            f"{profile}: {servers} server(s): {point.passed()}/{len(runs)} seeds meet the targets "
+            f"(p50 {point.median('ttft_p50_s')}, p95 {point.median('ttft_p95_s')}, "
+            f"wait {point.median('max_wait_s')})"
+        )
         return point
 
     def start(self, profile: str) -> int:
@@ -274,8 +327,14 @@ class Planner:
                 verify = self.evaluate(profile, best, self.cfg.verify_seeds, config={"teams": teams})
             if best + 1 <= self.cfg.max_servers:
                 at(best + 1)
-            out.update(servers=best, recommended=seen[best].summary(), teams=teams, verify=verify.summary(),
-                       rejected=rejected, per_team=_per_team(seen[best].runs))
+            out.update(
+                servers=best,
+                recommended=seen[best].summary(),
+                teams=teams,
+                verify=verify.summary(),
+                rejected=rejected,
+                per_team=_per_team(seen[best].runs),
+            )
         out["frontier"] = [seen[k].summary() for k in sorted(seen)]
         out["wall_s"] = round(time.perf_counter() - t0, 1)
         out["cpu_s"] = round(self.cpu_s, 1)
@@ -291,10 +350,12 @@ def _per_team(runs: list[dict]) -> dict[str, dict]:
         rows = [r["teams"][team] for r in runs]
         p50 = sorted(x["ttft_p50_s"] for x in rows if x["ttft_p50_s"] is not None)
         p95 = sorted(x["ttft_p95_s"] for x in rows if x["ttft_p95_s"] is not None)
-        out[team] = {"ttft_p50_s": p50[len(p50) // 2] if p50 else None,
-                     "ttft_p95_s": p95[len(p95) // 2] if p95 else None,
-                     "total_tpm": sorted(x["total_tpm"] for x in rows)[len(rows) // 2],
-                     "peak_inflight": max(r["peak_inflight"].get(team, 0) for r in runs)}
+        out[team] = {
+            "ttft_p50_s": p50[len(p50) // 2] if p50 else None,
+            "ttft_p95_s": p95[len(p95) // 2] if p95 else None,
+            "total_tpm": sorted(x["total_tpm"] for x in rows)[len(rows) // 2],
+            "peak_inflight": max(r["peak_inflight"].get(team, 0) for r in runs),
+        }
     return out
 
 
@@ -318,8 +379,15 @@ def run_plan(cfg: PlanConfig, log: Callable[[str], None] = lambda _m: None) -> d
     with ProcessPoolExecutor(jobs) as pool:
         planner = Planner(cfg, pool if jobs > 1 else None, log)
         results = [planner.plan(p) for p in cfg.profiles]
-    return {"teams": [asdict(t) | {"conversations": t.conversations} for t in cfg.teams],
-            "targets": asdict(cfg.targets), "seeds": list(cfg.seeds), "verify_seeds": list(cfg.verify_seeds),
-            "minutes": cfg.minutes, "warmup_minutes": cfg.warmup_minutes, "scale": cfg.scale,
-            "profiles": results, "wall_s": round(time.perf_counter() - t0, 1),
-            "load_average": round(os.getloadavg()[0], 1)}
+    return {
+        "teams": [asdict(t) | {"conversations": t.conversations} for t in cfg.teams],
+        "targets": asdict(cfg.targets),
+        "seeds": list(cfg.seeds),
+        "verify_seeds": list(cfg.verify_seeds),
+        "minutes": cfg.minutes,
+        "warmup_minutes": cfg.warmup_minutes,
+        "scale": cfg.scale,
+        "profiles": results,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "load_average": round(os.getloadavg()[0], 1),
+    }

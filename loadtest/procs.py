@@ -31,8 +31,7 @@ def wait_ready(url: str, timeout: float = 30) -> None:
 @contextlib.contextmanager
 def process(args: list[str], cwd: str | None = None, ready: str | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``args`` in its own session; wait until ``ready`` answers 200; always stop the whole group."""
-    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         if ready:
             wait_ready(ready)

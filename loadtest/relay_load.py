@@ -25,10 +25,18 @@ MARK = b'"content":"t'
 
 
 def _request(port: int, stream: bool, tokens: int) -> bytes:
-    body = orjson.dumps({"model": "bench-model", "stream": stream, "max_tokens": tokens,
-                         "messages": [{"role": "user", "content": "Write the next line of the program."}]})
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s" % (port, len(body), body))
+    body = orjson.dumps(
+        {
+            "model": "bench-model",
+            "stream": stream,
+            "max_tokens": tokens,
+            "messages": [{"role": "user", "content": "Write the next line of the program."}],
+        }
+    )
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (port, len(body), body)
+    )
 
 
 class Stats:
@@ -136,8 +144,9 @@ async def run_streams(port: int, streams: int, tokens: int, ramp: float, timeout
 
 
 class ShortClient(asyncio.Protocol):
-    def __init__(self, request: bytes, stats: Stats, deadline: float, done: asyncio.Future[None],
-                 period: float) -> None:
+    def __init__(
+        self, request: bytes, stats: Stats, deadline: float, done: asyncio.Future[None], period: float
+    ) -> None:
         self.request, self.stats, self.deadline, self.done = request, stats, deadline, done
         self.period = period
         self.due = time.monotonic()
@@ -211,8 +220,7 @@ async def run_short(port: int, connections: int, seconds: float, rate: float) ->
     for _ in range(connections):
         done: asyncio.Future[None] = loop.create_future()
         futures.append(done)
-        await loop.create_connection(lambda d=done: ShortClient(request, stats, deadline, d, period), "127.0.0.1",
-                                     port)
+        await loop.create_connection(lambda d=done: ShortClient(request, stats, deadline, d, period), "127.0.0.1", port)
     await asyncio.wait(futures, timeout=seconds + 30)
     return stats
 
@@ -241,9 +249,14 @@ def main() -> None:
     else:
         stats = uvloop.run(run_short(args.port, args.connections, args.seconds, args.rate))
     stats.transit.sort()
-    out = {"completed": stats.completed, "errors": dict(stats.errors), "chunks": stats.chunks,
-           "transit_p50_ms": _q(stats.transit, 0.5), "transit_p99_ms": _q(stats.transit, 0.99),
-           "wall_s": round(time.monotonic() - t0, 2)}
+    out = {
+        "completed": stats.completed,
+        "errors": dict(stats.errors),
+        "chunks": stats.chunks,
+        "transit_p50_ms": _q(stats.transit, 0.5),
+        "transit_p99_ms": _q(stats.transit, 0.99),
+        "wall_s": round(time.monotonic() - t0, 2),
+    }
     sys.stdout.write(orjson.dumps(out).decode() + "\n")
 
 

@@ -22,19 +22,44 @@ import orjson
 MODEL = "bench-model"
 _HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
 _PREFIX = b'data: {"id":"%s","object":"chat.completion.chunk","created":1,"model":"' + MODEL.encode() + b'","choices":['
-_CHOICE = (b'{"index":0,"delta":{"role":null,"content":"%s","reasoning_content":null,"tool_calls":null},'
-           b'"logprobs":null,"finish_reason":%s,"matched_stop":null}],"usage":null}\n\n')
-_USAGE = (b'],"usage":{"prompt_tokens":50,"total_tokens":%d,"completion_tokens":%d,'
-          b'"prompt_tokens_details":null,"reasoning_tokens":0}}\n\n')
-_JSON = orjson.dumps({"id": "b", "object": "chat.completion", "created": 1, "model": MODEL,
-                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                                   "finish_reason": "stop"}],
-                      "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51}})
-_INFO = {b"/get_server_info": orjson.dumps({"max_total_num_tokens": 1_000_000_000, "dp_size": 1}),
-         b"/v1/models": orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}),
-         b"/v1/loads": orjson.dumps({"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0,
-                                                "token_usage": 0.0, "max_total_num_tokens": 1_000_000_000}]}),
-         b"/health": b"", b"/health_generate": b"", b"/get_model_info": orjson.dumps({"model_path": MODEL})}
+_CHOICE = (
+    b'{"index":0,"delta":{"role":null,"content":"%s","reasoning_content":null,"tool_calls":null},'
+    b'"logprobs":null,"finish_reason":%s,"matched_stop":null}],"usage":null}\n\n'
+)
+_USAGE = (
+    b'],"usage":{"prompt_tokens":50,"total_tokens":%d,"completion_tokens":%d,'
+    b'"prompt_tokens_details":null,"reasoning_tokens":0}}\n\n'
+)
+_JSON = orjson.dumps(
+    {
+        "id": "b",
+        "object": "chat.completion",
+        "created": 1,
+        "model": MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51},
+    }
+)
+_INFO = {
+    b"/get_server_info": orjson.dumps({"max_total_num_tokens": 1_000_000_000, "dp_size": 1}),
+    b"/v1/models": orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}),
+    b"/v1/loads": orjson.dumps(
+        {
+            "loads": [
+                {
+                    "dp_rank": 0,
+                    "num_running_reqs": 0,
+                    "num_waiting_reqs": 0,
+                    "token_usage": 0.0,
+                    "max_total_num_tokens": 1_000_000_000,
+                }
+            ]
+        }
+    ),
+    b"/health": b"",
+    b"/health_generate": b"",
+    b"/get_model_info": orjson.dumps({"model_path": MODEL}),
+}
 
 
 def _framed(payload: bytes) -> bytes:
@@ -99,8 +124,10 @@ class UpstreamProtocol(asyncio.Protocol):
         else:
             self.transport.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
             return
-        self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                             % (len(payload), payload))
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(payload), payload)
+        )
 
     def _tick(self) -> None:
         stream = self.stream

@@ -64,9 +64,15 @@ COLUMNS = ("Total tok/min", "TTFT p50", "TTFT p95", "Req/min", "Out tok/s p50", 
 
 def _cells(r: dict) -> list[str]:
     hit = r.get("cache_hit_rate")
-    return [fmt_tpm(r.get("total_tpm")), fmt_s(r.get("ttft_p50_s")), fmt_s(r.get("ttft_p95_s")),
-            _fmt(r.get("completed_rpm"), ".1f"), _fmt(r.get("output_tps_p50"), ".1f"),
-            "-" if hit is None else f"{hit:.1%}", fmt_s(r.get("max_wait_s"))]
+    return [
+        fmt_tpm(r.get("total_tpm")),
+        fmt_s(r.get("ttft_p50_s")),
+        fmt_s(r.get("ttft_p95_s")),
+        _fmt(r.get("completed_rpm"), ".1f"),
+        _fmt(r.get("output_tps_p50"), ".1f"),
+        "-" if hit is None else f"{hit:.1%}",
+        fmt_s(r.get("max_wait_s")),
+    ]
 
 
 def comparison_table(rows: Sequence[dict], title: str = "cachegate") -> Table:
@@ -88,14 +94,22 @@ def comparison_table(rows: Sequence[dict], title: str = "cachegate") -> Table:
             other = at.get(name)
             if base is None or other is None:
                 continue
-            table.add_row("", f"[dim]{name} / {names[0]}[/dim]", *(f"[dim]{c}[/dim]" for c in (
-                _ratio(other.get("total_tpm"), base.get("total_tpm")),
-                _ratio(other.get("ttft_p50_s"), base.get("ttft_p50_s")),
-                _ratio(other.get("ttft_p95_s"), base.get("ttft_p95_s")),
-                _ratio(other.get("completed_rpm"), base.get("completed_rpm")),
-                _ratio(other.get("output_tps_p50"), base.get("output_tps_p50")),
-                _ratio(other.get("cache_hit_rate"), base.get("cache_hit_rate")),
-                _ratio(other.get("max_wait_s"), base.get("max_wait_s")))))
+            table.add_row(
+                "",
+                f"[dim]{name} / {names[0]}[/dim]",
+                *(
+                    f"[dim]{c}[/dim]"
+                    for c in (
+                        _ratio(other.get("total_tpm"), base.get("total_tpm")),
+                        _ratio(other.get("ttft_p50_s"), base.get("ttft_p50_s")),
+                        _ratio(other.get("ttft_p95_s"), base.get("ttft_p95_s")),
+                        _ratio(other.get("completed_rpm"), base.get("completed_rpm")),
+                        _ratio(other.get("output_tps_p50"), base.get("output_tps_p50")),
+                        _ratio(other.get("cache_hit_rate"), base.get("cache_hit_rate")),
+                        _ratio(other.get("max_wait_s"), base.get("max_wait_s")),
+                    )
+                ),
+            )
         if level != levels[-1]:
             table.add_section()
     return table
@@ -119,8 +133,9 @@ def markdown_table(rows: Sequence[dict]) -> str:
 def _series(rows: Sequence[dict], key: str) -> dict[str, tuple[list[int], list[float]]]:
     out: dict[str, tuple[list[int], list[float]]] = {}
     for name in systems(rows):
-        pts = sorted((r.get("conversations") or 0, r.get(key)) for r in rows
-                     if system_of(r) == name and r.get(key) is not None)
+        pts = sorted(
+            (r.get("conversations") or 0, r.get(key)) for r in rows if system_of(r) == name and r.get(key) is not None
+        )
         out[name] = ([p[0] for p in pts], [float(p[1]) for p in pts])
     return out
 
@@ -170,15 +185,19 @@ def _save(fig, ax, path: Path) -> Path:  # type: ignore[no-untyped-def]
 
 
 def write_html(rows: Sequence[dict], out: Path, title: str) -> Path:
-    cells = ["<tr><th>Conv.</th><th>System</th>" + "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
-             + "</tr>"]
+    cells = ["<tr><th>Conv.</th><th>System</th>" + "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS) + "</tr>"]
     for level in sorted({r.get("conversations") or 0 for r in rows}):
         for r in rows:
             if (r.get("conversations") or 0) == level:
-                cells.append(f"<tr><td>{level or '-'}</td><td>{html.escape(system_of(r))}</td>"
-                             + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r)) + "</tr>")
-    figs = "\n".join(f'<figure><img src="{name}" alt="{html.escape(cap)}"><figcaption>{html.escape(cap)}'
-                     f"</figcaption></figure>" for name, cap in PLOTS.items())
+                cells.append(
+                    f"<tr><td>{level or '-'}</td><td>{html.escape(system_of(r))}</td>"
+                    + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r))
+                    + "</tr>"
+                )
+    figs = "\n".join(
+        f'<figure><img src="{name}" alt="{html.escape(cap)}"><figcaption>{html.escape(cap)}</figcaption></figure>'
+        for name, cap in PLOTS.items()
+    )
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>
@@ -203,12 +222,14 @@ img {{ max-width: 700px; }}
     return path
 
 
-def write_report(rows: Sequence[dict], out: Path | str, title: str = "cachegate report",
-                 meta: dict | None = None) -> Path:
+def write_report(
+    rows: Sequence[dict], out: Path | str, title: str = "cachegate report", meta: dict | None = None
+) -> Path:
     """Write ``report.json``, the PNGs and ``index.html`` to ``out``; returns the index path."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_bytes(orjson.dumps({"title": title, **(meta or {}), "runs": list(rows)},
-                                                   option=orjson.OPT_INDENT_2))
+    (out / "report.json").write_bytes(
+        orjson.dumps({"title": title, **(meta or {}), "runs": list(rows)}, option=orjson.OPT_INDENT_2)
+    )
     write_plots(rows, out)
     return write_html(rows, out, title)

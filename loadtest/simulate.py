@@ -131,8 +131,14 @@ _SEND, _ARRIVE, _TICK, _REFRESH, _WARM, _CALL = range(6)
 class Simulator(LivePath):
     """One run. ``run()`` returns the records and the engines' retraction count in the window."""
 
-    def __init__(self, cfg: SimConfig, core: DecisionCore, engines: dict[str, EngineLike],
-                 workload: Workload, settings: Any = None) -> None:
+    def __init__(
+        self,
+        cfg: SimConfig,
+        core: DecisionCore,
+        engines: dict[str, EngineLike],
+        workload: Workload,
+        settings: Any = None,
+    ) -> None:
         self.cfg = cfg
         self.core = core
         self.engines = engines
@@ -250,8 +256,9 @@ class Simulator(LivePath):
         answer = _append_blocks(prompt, conv.answer_segment(slot.turn).pieces, BLOCK_TOKENS)
         rid = self._new_rid()
         rec = RequestRecord(rid, team=slot.team, slot=slot.index, arrival=now)
-        self._submit_facts(_Pending(rec, prompt, prompt + answer, turn.output_tokens, slot, answer, base_len),
-                           conv.cid, now)
+        self._submit_facts(
+            _Pending(rec, prompt, prompt + answer, turn.output_tokens, slot, answer, base_len), conv.cid, now
+        )
 
     def _next_arrival(self) -> None:
         assert self._trace is not None
@@ -261,8 +268,9 @@ class Simulator(LivePath):
 
     def _arrive_trace(self, req: TraceRequest, now: float) -> None:
         prompt = segment_blocks(req.prompt, TRACE_BLOCK_TOKENS)
-        answer = _append_blocks(prompt, answer_segment(f"{req.rid}/answer", req.output_tokens).pieces,
-                                TRACE_BLOCK_TOKENS)
+        answer = _append_blocks(
+            prompt, answer_segment(f"{req.rid}/answer", req.output_tokens).pieces, TRACE_BLOCK_TOKENS
+        )
         rec = RequestRecord(req.rid, team=req.team, arrival=now)
         self._submit_facts(_Pending(rec, prompt, prompt + answer, req.output_tokens), None, now)
 
@@ -270,12 +278,16 @@ class Simulator(LivePath):
         self.records.append(p.record)
         self.pending[p.record.rid] = p
         p.record.prompt_tokens = sum(n for _, n in p.prompt)
-        facts, p.prompt_bytes = self.facts.facts(p.record.rid, MODEL, p.record.team, p.prompt, p.output_tokens,
-                                                 conversation)
+        facts, p.prompt_bytes = self.facts.facts(
+            p.record.rid, MODEL, p.record.team, p.prompt, p.output_tokens, conversation
+        )
         f = self.cfg.faults
         if f.cancel_rate and self._faults.random() < f.cancel_rate:
-            self._push(now + self._faults.uniform(0.0, f.cancel_within_s), _CALL,
-                       functools.partial(self._client_left, p.record.rid))
+            self._push(
+                now + self._faults.uniform(0.0, f.cancel_within_s),
+                _CALL,
+                functools.partial(self._client_left, p.record.rid),
+            )
         self.driver.arrive(facts, now)
 
     def _apply(self, decisions: list[Decision], now: float) -> None:
@@ -326,9 +338,16 @@ class Simulator(LivePath):
                 self.facts.observe(p.prompt_bytes, ev.prompt_tokens)
                 if p.backend is not None:
                     self.pool.request_ok(p.backend)
-            self.driver.release(ev.rid, Outcome(
-                ok=rec.ok, prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens,
-                cached_tokens=ev.cached_tokens), ev.time)
+            self.driver.release(
+                ev.rid,
+                Outcome(
+                    ok=rec.ok,
+                    prompt_tokens=ev.prompt_tokens,
+                    completion_tokens=ev.completion_tokens,
+                    cached_tokens=ev.cached_tokens,
+                ),
+                ev.time,
+            )
             if p.slot is not None:
                 self._next_turn(p, ev.time)
         if apply:
@@ -348,8 +367,7 @@ class Simulator(LivePath):
         self._push(now + slot.conv.turns[slot.turn].think_s, _SEND, slot)
 
 
-def _append_blocks(prompt: list[Block], pieces: tuple[tuple[str, int], ...],
-                   block_tokens: int) -> list[Block]:
+def _append_blocks(prompt: list[Block], pieces: tuple[tuple[str, int], ...], block_tokens: int) -> list[Block]:
     """Blocks that ``pieces`` add after ``prompt`` (chained from its last key)."""
     chain = PromptChain(block_tokens)
     chain.blocks = prompt[-1:]
@@ -359,6 +377,7 @@ def _append_blocks(prompt: list[Block], pieces: tuple[tuple[str, int], ...],
 
 # -- building a run ------------------------------------------------------------------------------
 
+
 def default_engine_factory(cfg: SimConfig) -> EngineFactory:
     from backends.sim.engine import Engine, get_profile
 
@@ -366,16 +385,21 @@ def default_engine_factory(cfg: SimConfig) -> EngineFactory:
     return lambda: Engine(profile, kv_tokens=cfg.kv_tokens, unbounded=cfg.unbounded)
 
 
-def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None,
-            core: DecisionCore | None = None) -> dict:
+def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None, core: DecisionCore | None = None) -> dict:
     """One simulated run -> one JSON row (``loadtest/metrics.py::summarize``'s fields, plus ``kv_tokens``,
     ``unbounded``, ``oracle`` and, with faults, ``faults``)."""
     config = _load_config(cfg.config)
     core = core or build_core(cfg.policy, cfg.admission, cfg.routing, config)
     factory = engine_factory or default_engine_factory(cfg)
     engines = {f"b{i}": factory() for i in range(cfg.backends)}
-    workload = make_workload(cfg.workload, seed=cfg.seed, scale=cfg.scale, think_scale=cfg.think_scale,
-                             speedup=cfg.speedup, warm_start=cfg.warm_start)
+    workload = make_workload(
+        cfg.workload,
+        seed=cfg.seed,
+        scale=cfg.scale,
+        think_scale=cfg.think_scale,
+        speedup=cfg.speedup,
+        warm_start=cfg.warm_start,
+    )
     sim = Simulator(cfg, core, engines, workload, validate_config(config) if config is not None else None)
     records = sim.run()
     teams = cfg.teams or [TeamSpec("default", cfg.conversations)]
@@ -384,8 +408,12 @@ def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None,
     window = summarize(records, sim.warm, sim.end, slots=slots, backends=list(engines))
     first = next(iter(engines.values()))
     row: dict[str, Any] = {
-        "policy": _policy_label(cfg), "profile": cfg.profile, "backends": cfg.backends,
-        "workload": workload.name, "seed": cfg.seed, "minutes": cfg.minutes,
+        "policy": _policy_label(cfg),
+        "profile": cfg.profile,
+        "backends": cfg.backends,
+        "workload": workload.name,
+        "seed": cfg.seed,
+        "minutes": cfg.minutes,
         "conversations": sum(t.conversations for t in teams) if closed else None,
     }
     row.update(window)

@@ -42,14 +42,24 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profiles", default="gb10x16-tp16-fp8,gb10x16-tp4pp4-fp8")
     args = ap.parse_args(argv)
-    print("| Profile | Prefill tok/s (" + " / ".join(f"{p // 1024}k" for p in PROMPTS) + ") | Decode tok/s ("
-          + " / ".join(f"{p // 1024}k" for p in PROMPTS) + ") |")
+    print(
+        "| Profile | Prefill tok/s ("
+        + " / ".join(f"{p // 1024}k" for p in PROMPTS)
+        + ") | Decode tok/s ("
+        + " / ".join(f"{p // 1024}k" for p in PROMPTS)
+        + ") |"
+    )
     print("|---|---|---|")
     for name in args.profiles.split(","):
         p = get_profile(name)
         rows = [single_request(p, n) for n in PROMPTS]
-        print(f"| `{name}` | " + " / ".join(f"{r[0]:,.0f}" for r in rows) + " | "
-              + " / ".join(f"{r[1]:.1f}" for r in rows) + " |")
+        print(
+            f"| `{name}` | "
+            + " / ".join(f"{r[0]:,.0f}" for r in rows)
+            + " | "
+            + " / ".join(f"{r[1]:.1f}" for r in rows)
+            + " |"
+        )
 
 
 if __name__ == "__main__":

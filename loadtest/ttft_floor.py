@@ -50,8 +50,11 @@ def at_attn_utilisation(profile: Profile, utilisation: float) -> Profile:
     """``profile`` with prefill attention (and its ``kv_b_proj`` re-expansion) at ``utilisation`` of
     peak instead of the profile's own (``U_ATTN``, or the fitted one of ``b300-dp8-fp8-cp``)."""
     base = GOOD_FIT.u_attn if "U_ATTN" in profile.fitted else U_ATTN
-    return profile.with_(name=f"{profile.name} @ U_ATTN {utilisation:g}",
-                         k_attn=profile.k_attn * base / utilisation, k_kvb=profile.k_kvb * base / utilisation)
+    return profile.with_(
+        name=f"{profile.name} @ U_ATTN {utilisation:g}",
+        k_attn=profile.k_attn * base / utilisation,
+        k_kvb=profile.k_kvb * base / utilisation,
+    )
 
 
 def floor_row(profile: Profile, conversations: int, *, target_s: float = 1.0, seed: int = 1) -> dict:
@@ -81,16 +84,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--conversations", type=int, default=48)
     ap.add_argument("--target", type=float, default=1.0, help="TTFT target in seconds")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--attn-utilisation", default="",
-                    help=f"comma-separated what-if fractions of peak for prefill attention (profiles: {U_ATTN})")
-    ap.add_argument("--simulate", metavar="POLICY", default="",
-                    help="also simulate POLICY (e.g. gateway) on each profile and report its median TTFT")
+    ap.add_argument(
+        "--attn-utilisation",
+        default="",
+        help=f"comma-separated what-if fractions of peak for prefill attention (profiles: {U_ATTN})",
+    )
+    ap.add_argument(
+        "--simulate",
+        metavar="POLICY",
+        default="",
+        help="also simulate POLICY (e.g. gateway) on each profile and report its median TTFT",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object a line instead of a table")
     args = ap.parse_args(argv)
     profiles = [(name, get_profile(name)) for name in args.profiles.split(",")]
     if args.attn_utilisation:
-        profiles = [(name, at_attn_utilisation(p, float(u)))
-                    for name, p in profiles for u in args.attn_utilisation.split(",")]
+        profiles = [
+            (name, at_attn_utilisation(p, float(u))) for name, p in profiles for u in args.attn_utilisation.split(",")
+        ]
     rows = []
     for name, p in profiles:
         row = floor_row(p, args.conversations, target_s=args.target, seed=args.seed)
@@ -105,8 +116,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| Profile | Turns | Own-prefill floor p25 / p50 / p75 | Turns within {args.target:g} s |{sim}")
     print("|---|---|---|---|" + ("---|" if sim else ""))
     for r in rows:
-        line = (f"| `{r['profile']}` | {r['turns']} | {r['floor_p25_s']:.2f} / {r['floor_p50_s']:.2f} / "
-                f"{r['floor_p75_s']:.2f} s | {r['share_within_target']:.0%} |")
+        line = (
+            f"| `{r['profile']}` | {r['turns']} | {r['floor_p25_s']:.2f} / {r['floor_p50_s']:.2f} / "
+            f"{r['floor_p75_s']:.2f} s | {r['share_within_target']:.0%} |"
+        )
         if sim:
             line += f" {r[f'{args.simulate}_ttft_p50_s']:.2f} s |"
         print(line)

@@ -246,7 +246,7 @@ class CodingAgent:
             history.append(answer_segment(f"{conv.cid}/history{i}", turn.output_tokens))
         head = conv.turns[k]
         merged = Turn((*history, *head.new), head.output_tokens, conv.turns[0].think_s)
-        return Conversation(conv.cid, conv.team, conv.slot, [merged, *conv.turns[k + 1:]])
+        return Conversation(conv.cid, conv.team, conv.slot, [merged, *conv.turns[k + 1 :]])
 
     def _answer(self, rng: random.Random) -> int:
         lo, hi = ANSWER_TOKENS
@@ -281,8 +281,7 @@ class TraceWorkload:
         if self.speedup <= 0:
             raise ValueError("--speedup must be positive")
 
-    def requests(self, teams: list[TeamSpec] | None = None,
-                 until_s: float | None = None) -> Iterator[TraceRequest]:
+    def requests(self, teams: list[TeamSpec] | None = None, until_s: float | None = None) -> Iterator[TraceRequest]:
         """Requests in arrival order, teams drawn by weight (``conversations``) per request."""
         teams = [t for t in (teams or []) if t.conversations > 0] or [TeamSpec("default", 1)]
         names = [t.name for t in teams]
@@ -297,8 +296,9 @@ class TraceWorkload:
                 if until_s is not None and arrival > until_s:
                     return
                 team = names[0] if len(names) == 1 else rng.choices(names, weights)[0]
-                yield TraceRequest(f"t{i}", arrival, team, self.segment(row), max(1, round(
-                    int(row["output_length"]) * self.scale)))
+                yield TraceRequest(
+                    f"t{i}", arrival, team, self.segment(row), max(1, round(int(row["output_length"]) * self.scale))
+                )
 
     def segment(self, row: dict) -> Segment:
         hash_ids = row["hash_ids"]
@@ -314,8 +314,15 @@ class TraceWorkload:
 Workload = CodingAgent | TraceWorkload
 
 
-def make_workload(spec: str, *, seed: int = 1, scale: float = 1.0, think_scale: float = 1.0,
-                  speedup: float = 1.0, warm_start: bool = False) -> Workload:
+def make_workload(
+    spec: str,
+    *,
+    seed: int = 1,
+    scale: float = 1.0,
+    think_scale: float = 1.0,
+    speedup: float = 1.0,
+    warm_start: bool = False,
+) -> Workload:
     """``coding-agent`` or ``trace:PATH`` (``warm_start``: see ``CodingAgent``)."""
     if spec == "coding-agent":
         return CodingAgent(seed=seed, scale=scale, think_scale=think_scale, warm_start=warm_start)

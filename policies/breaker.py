@@ -25,8 +25,15 @@ STATE_CODE: dict[State, int] = {"closed": 0, "half_open": 1, "open": 2}
 
 
 class Breaker:
-    def __init__(self, consecutive_failures: int = 5, error_rate: float = 0.5, window: int = 20,
-                 min_samples: int = 10, open_s: float = 5.0, max_open_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        consecutive_failures: int = 5,
+        error_rate: float = 0.5,
+        window: int = 20,
+        min_samples: int = 10,
+        open_s: float = 5.0,
+        max_open_s: float = 60.0,
+    ) -> None:
         self.consecutive_failures = consecutive_failures
         self.error_rate = error_rate
         self.min_samples = min_samples
@@ -64,7 +71,8 @@ class Breaker:
         elif state == "closed":
             failed = self.outcomes.count(False)
             if self.streak >= self.consecutive_failures or (
-                    len(self.outcomes) >= self.min_samples and failed / len(self.outcomes) >= self.error_rate):
+                len(self.outcomes) >= self.min_samples and failed / len(self.outcomes) >= self.error_rate
+            ):
                 self._open(now)
 
     def trip(self, now: float) -> None:

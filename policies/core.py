@@ -146,8 +146,15 @@ class PassThroughCore(DecisionCore):
         candidates = [b for b in self._backends.get(req.model, []) if b.healthy and b.name not in req.exclude]
         choice = self.router.route(req, candidates, now) if candidates else None
         if choice is None:
-            return [Refuse(req.rid, "no_healthy_backend", f"no healthy backend for model '{req.model}'",
-                           retry_after_s=5.0, status=503)]
+            return [
+                Refuse(
+                    req.rid,
+                    "no_healthy_backend",
+                    f"no healthy backend for model '{req.model}'",
+                    retry_after_s=5.0,
+                    status=503,
+                )
+            ]
         if reason is not None:
             choice = dataclasses.replace(choice, reason=reason)
         self._inflight[req.rid] = (choice.backend, req)

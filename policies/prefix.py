@@ -92,8 +92,9 @@ def _content(value: Any, out: list[bytes]) -> None:
             _canon(part, out)
 
 
-_MESSAGE_FIELDS = tuple((key, _FIELD + key.encode() + b"=") for key in
-                        ("reasoning_content", "tool_calls", "tool_call_id", "name"))
+_MESSAGE_FIELDS = tuple(
+    (key, _FIELD + key.encode() + b"=") for key in ("reasoning_content", "tool_calls", "tool_call_id", "name")
+)
 
 
 def _chat_pieces(body: Mapping[str, Any]) -> Iterator[bytes]:
@@ -169,8 +170,7 @@ def fingerprint(data: bytes, tokens_per_byte: float, block_bytes: int = BLOCK_BY
     return tuple(out)
 
 
-def _stream_fingerprint(pieces: Iterable[bytes], tokens_per_byte: float,
-                        block_bytes: int) -> tuple[Fingerprint, int]:
+def _stream_fingerprint(pieces: Iterable[bytes], tokens_per_byte: float, block_bytes: int) -> tuple[Fingerprint, int]:
     """``fingerprint`` over a rendering given as pieces, never joined: equal to
     ``fingerprint(b"".join(all pieces))`` (a 640 KB join costs more than the hashing here: the
     fresh buffer's page faults), plus the total length."""
@@ -206,8 +206,9 @@ def _stream_fingerprint(pieces: Iterable[bytes], tokens_per_byte: float,
     return tuple(out), total
 
 
-def request_fingerprint(body: Mapping[str, Any], tokens_per_byte: float,
-                        block_bytes: int = BLOCK_BYTES) -> tuple[Fingerprint, int]:
+def request_fingerprint(
+    body: Mapping[str, Any], tokens_per_byte: float, block_bytes: int = BLOCK_BYTES
+) -> tuple[Fingerprint, int]:
     """``(fingerprint, rendered bytes)`` of a parsed request body (the bytes feed token estimates):
     the same as ``fingerprint(render(body))``, computed without building the rendering."""
     if "messages" in body:
@@ -225,5 +226,13 @@ def total_tokens(fp: Fingerprint) -> int:
     return sum(n for _, n in fp)
 
 
-__all__ = ["BLOCK_BYTES", "fingerprint", "from_blocks", "render", "render_chat", "render_completion",
-           "request_fingerprint", "total_tokens"]
+__all__ = [
+    "BLOCK_BYTES",
+    "fingerprint",
+    "from_blocks",
+    "render",
+    "render_chat",
+    "render_completion",
+    "request_fingerprint",
+    "total_tokens",
+]

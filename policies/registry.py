@@ -31,8 +31,9 @@ ADMISSIONS: dict[str, Callable[[Router, str], DecisionCore]] = {
 def _stack(default_router: str, label: str, default_admission: str = "none") -> Callable[..., DecisionCore]:
     """A stack: ``default_admission`` over ``default_router``, either replaceable by name."""
 
-    def make(router: Router | None = None, admission: str | None = None,
-             router_params: Mapping[str, Any] | None = None) -> DecisionCore:
+    def make(
+        router: Router | None = None, admission: str | None = None, router_params: Mapping[str, Any] | None = None
+    ) -> DecisionCore:
         if router is not None:
             chosen = router
         elif default_router == "min-ttft":  # the one router whose parameters a config may set
@@ -42,8 +43,6 @@ def _stack(default_router: str, label: str, default_admission: str = "none") -> 
         return ADMISSIONS[admission or default_admission](chosen, label)
 
     return make
-
-
 
 
 STACKS: dict[str, Callable[..., DecisionCore]] = {
@@ -65,8 +64,9 @@ def router(name: str) -> Router:
         raise ValueError(f"unknown routing '{name}'; known: {', '.join(sorted(ROUTERS))}") from None
 
 
-def build(name: str, routing: str | None = None, admission: str | None = None,
-          router_params: Mapping[str, Any] | None = None) -> DecisionCore:
+def build(
+    name: str, routing: str | None = None, admission: str | None = None, router_params: Mapping[str, Any] | None = None
+) -> DecisionCore:
     """A fresh decision core for the stack ``name``; ``routing`` / ``admission`` replace its halves;
     ``router_params`` (the config's ``router:``) are keyword parameters of its ``min-ttft`` router."""
     try:
@@ -75,8 +75,9 @@ def build(name: str, routing: str | None = None, admission: str | None = None,
         raise ValueError(f"unknown policy '{name}'; known: {', '.join(sorted(STACKS))}") from None
     if admission is not None and admission not in ADMISSIONS:
         raise ValueError(f"unknown admission '{admission}'; known: {', '.join(sorted(ADMISSIONS))}")
-    return factory(router=None if routing is None else router(routing), admission=admission,
-                   router_params=router_params)
+    return factory(
+        router=None if routing is None else router(routing), admission=admission, router_params=router_params
+    )
 
 
 def admission_names() -> list[str]:

@@ -29,17 +29,21 @@ from policies.teams import TeamLimits
 from policies.types import BackendView, Refuse, RequestFacts, Slot
 
 
-def never_runs(req: RequestFacts, views: Iterable[BackendView], high_water: float,
-               limits: TeamLimits) -> Refuse | None:
+def never_runs(req: RequestFacts, views: Iterable[BackendView], high_water: float, limits: TeamLimits) -> Refuse | None:
     """A refusal when ``req`` can run on no healthy backend of its model (or passes its team's
     ceiling); None when some backend may take it (or nothing is known that says otherwise)."""
     asked = req.prompt_tokens + req.max_output_tokens
     ceiling = limits.max_request_tokens
     if ceiling is not None and asked > ceiling:
-        return Refuse(req.rid, "team_request_tokens",
-                      f"This request asks for about {asked} tokens (prompt about {req.prompt_tokens} + "
-                      f"max_tokens {req.max_output_tokens}); team '{req.team}' may ask for at most {ceiling} "
-                      f"per request.", 0.0, 400)
+        return Refuse(
+            req.rid,
+            "team_request_tokens",
+            f"This request asks for about {asked} tokens (prompt about {req.prompt_tokens} + "
+            f"max_tokens {req.max_output_tokens}); team '{req.team}' may ask for at most {ceiling} "
+            f"per request.",
+            0.0,
+            400,
+        )
     reasons = []
     for view in views:
         if not view.healthy or view.name in req.exclude:
@@ -50,9 +54,14 @@ def never_runs(req: RequestFacts, views: Iterable[BackendView], high_water: floa
         reasons.append(why)
     if not reasons:
         return None  # no healthy backend: the caller's own refusal (503) says so
-    return Refuse(req.rid, "context_length_exceeded",
-                  f"This request can never run on model '{req.model}': {min(reasons, key=len)}. "
-                  "Shorten the prompt or lower max_tokens.", 0.0, 400)
+    return Refuse(
+        req.rid,
+        "context_length_exceeded",
+        f"This request can never run on model '{req.model}': {min(reasons, key=len)}. "
+        "Shorten the prompt or lower max_tokens.",
+        0.0,
+        400,
+    )
 
 
 def _too_big(req: RequestFacts, view: BackendView, high_water: float) -> str | None:
@@ -61,13 +70,16 @@ def _too_big(req: RequestFacts, view: BackendView, high_water: float) -> str | N
         if prompt >= view.context_tokens:
             return f"the prompt (about {prompt} tokens) does not fit its {view.context_tokens}-token context window"
         if out and prompt + out > view.context_tokens:
-            return (f"the prompt (about {prompt} tokens) plus max_tokens {out} pass its "
-                    f"{view.context_tokens}-token context window")
+            return (
+                f"the prompt (about {prompt} tokens) plus max_tokens {out} pass its "
+                f"{view.context_tokens}-token context window"
+            )
     if not can_hold(prompt, view.kv_tokens, high_water):
-        return (f"the prompt (about {prompt} tokens) is larger than a backend's KV cache can hold "
-                f"({int(high_water * view.kv_tokens)} tokens)")
+        return (
+            f"the prompt (about {prompt} tokens) is larger than a backend's KV cache can hold "
+            f"({int(high_water * view.kv_tokens)} tokens)"
+        )
     return None
-
 
 
 def can_hold(prompt_tokens: int, capacity: int, high_water: float) -> bool:
@@ -76,8 +88,9 @@ def can_hold(prompt_tokens: int, capacity: int, high_water: float) -> bool:
     return not capacity or prompt_tokens <= high_water * capacity
 
 
-def head_slot(slots: Iterable[tuple[Slot, int]], need: int, used: Callable[[Slot], int],
-              budget: Callable[[int], float]) -> Slot | None:
+def head_slot(
+    slots: Iterable[tuple[Slot, int]], need: int, used: Callable[[Slot], int], budget: Callable[[int], float]
+) -> Slot | None:
     """The slot a blocked head waits for: the one where it is shortest of room (ties: by name)."""
     best: tuple[float, Slot] | None = None
     for slot, cap in slots:

@@ -70,8 +70,7 @@ class RoundRobin(Router):
             slots = [(b.name, r) for b in backends for r in range(max(1, b.dp_size))]
             name, rank = slots[self._next % len(slots)]
             self._next += 1
-            return Dispatch(req.rid, name, rank if any(b.dp_size > 1 for b in backends) else None,
-                            reason="least_wait")
+            return Dispatch(req.rid, name, rank if any(b.dp_size > 1 for b in backends) else None, reason="least_wait")
         backend = backends[self._next % len(backends)]
         self._next += 1
         return Dispatch(req.rid, backend.name, None, reason="least_wait")

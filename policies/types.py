@@ -68,8 +68,15 @@ class Dispatch:
     """Tokens of the prompt the router believes the chosen backend (rank) holds; None: unknown."""
 
 
-RefusalCode = Literal["team_queue_full", "queue_timeout", "team_token_rate", "no_healthy_backend",
-                      "context_length_exceeded", "team_request_tokens", "overloaded"]
+RefusalCode = Literal[
+    "team_queue_full",
+    "queue_timeout",
+    "team_token_rate",
+    "no_healthy_backend",
+    "context_length_exceeded",
+    "team_request_tokens",
+    "overloaded",
+]
 """Why a request was refused: the ``code`` of the error body and the ``reason`` label of the refusal
 metric (``gateway/metrics.py`` takes its label values from here). ``team_queue_full``: the team's queue
 is at ``max_queue``; ``queue_timeout``: waited past ``queue_timeout_s``; ``team_token_rate``: the

@@ -26,17 +26,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, usage: dict[str, Any] | None = None,
-          choices: bool = True) -> bytes:
-    body: dict[str, Any] = {"id": "req-1", "object": "chat.completion.chunk", "created": 1, "model": SERVED,
-                            "choices": [{"index": 0, "delta": delta or {}, "logprobs": None,
-                                         "finish_reason": finish, "matched_stop": None}] if choices else [],
-                            "usage": usage}
+def chunk(
+    delta: dict[str, Any] | None = None,
+    finish: str | None = None,
+    usage: dict[str, Any] | None = None,
+    choices: bool = True,
+) -> bytes:
+    body: dict[str, Any] = {
+        "id": "req-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": SERVED,
+        "choices": [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish, "matched_stop": None}]
+        if choices
+        else [],
+        "usage": usage,
+    }
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
-USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
-         "prompt_tokens_details": {"cached_tokens": 5}}
+USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18, "prompt_tokens_details": {"cached_tokens": 5}}
 
 
 def script_events(kind: str, include_usage: bool) -> list[bytes]:
@@ -47,8 +56,20 @@ def script_events(kind: str, include_usage: bool) -> list[bytes]:
         events += [chunk({"content": "Answer: "}), chunk({"content": "42"})]
         events.append(chunk({}, finish="stop"))
     elif kind == "tools":
-        events.append(chunk({"tool_calls": [{"index": 0, "id": "functions.read_file:0", "type": "function",
-                                             "function": {"name": "read_file", "arguments": ""}}]}))
+        events.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "functions.read_file:0",
+                            "type": "function",
+                            "function": {"name": "read_file", "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
         events.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"path": "a.py"}'}}]}))
         events.append(chunk({}, finish="tool_calls"))
     else:
@@ -110,8 +131,15 @@ class FakeUpstream:
             with contextlib.suppress(Exception):
                 writer.close()
 
-    async def _respond(self, method: str, path: str, headers: dict[str, str], body: bytes,
-                       writer: asyncio.StreamWriter, conn: Connection) -> None:
+    async def _respond(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
+        writer: asyncio.StreamWriter,
+        conn: Connection,
+    ) -> None:
         if path == "/health":
             await _send_json(writer, 200 if self.healthy else 503, None)
         elif path == "/get_server_info":
@@ -119,8 +147,21 @@ class FakeUpstream:
         elif path == "/v1/models":
             await _send_json(writer, 200, {"object": "list", "data": [{"id": SERVED, "object": "model"}]})
         elif path == "/v1/loads":
-            await _send_json(writer, 200, {"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0,
-                                                      "token_usage": 0.1, "max_total_num_tokens": self.kv_tokens}]})
+            await _send_json(
+                writer,
+                200,
+                {
+                    "loads": [
+                        {
+                            "dp_rank": 0,
+                            "num_running_reqs": 0,
+                            "num_waiting_reqs": 0,
+                            "token_usage": 0.1,
+                            "max_total_num_tokens": self.kv_tokens,
+                        }
+                    ]
+                },
+            )
         elif path in ("/v1/chat/completions", "/v1/completions") and method == "POST":
             payload = orjson.loads(body)
             self.requests.append({"path": path, "headers": headers, "body": payload})
@@ -134,9 +175,17 @@ class FakeUpstream:
 
     async def _complete(self, payload: dict[str, Any], writer: asyncio.StreamWriter) -> None:
         if self.error_status is not None:
-            await _send_json(writer, self.error_status, {"object": "error", "message": "scripted failure",
-                                                         "type": "BadRequestError", "param": None,
-                                                         "code": self.error_status})
+            await _send_json(
+                writer,
+                self.error_status,
+                {
+                    "object": "error",
+                    "message": "scripted failure",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": self.error_status,
+                },
+            )
             return
         last = payload.get("messages", [{}])[-1].get("content") or payload.get("prompt") or ""
         if "stall" in last:
@@ -149,17 +198,26 @@ class FakeUpstream:
             message: dict[str, Any] = {"role": "assistant", "content": "Hello, world!"}
             if kind == "reasoning":
                 message["reasoning_content"] = "Let me think about it."
-            await _send_json(writer, 200, {"id": "req-1", "object": "chat.completion", "created": 1,
-                                           "model": SERVED, "choices": [{"index": 0, "message": message,
-                                                                         "finish_reason": "stop"}],
-                                           "usage": USAGE})
+            await _send_json(
+                writer,
+                200,
+                {
+                    "id": "req-1",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": SERVED,
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "usage": USAGE,
+                },
+            )
             return
         include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
         events = script_events(kind, include_usage)
         if "slow" in last:
             events = events[:1] + [chunk({"content": f"tok{i} "}) for i in range(400)] + events[1:]
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-                     b"transfer-encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         self.sent = []
         for event in events:
             self.sent.append(event)
@@ -213,6 +271,7 @@ class FakeUpstream:
 
 async def _send_json(writer: asyncio.StreamWriter, status: int, payload: Any) -> None:
     body = b"" if payload is None else orjson.dumps(payload)
-    writer.write(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                 % (status, len(body), body))
+    writer.write(
+        b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body)
+    )
     await writer.drain()

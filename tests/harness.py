@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHEGATE = [sys.executable, "-m", "gateway.cli"]
 
 
-def wait_http(url: str, timeout: float = 20.0, ok: tuple[int, ...] = (200,), proc: subprocess.Popen | None = None
-              ) -> httpx.Response:
+def wait_http(
+    url: str, timeout: float = 20.0, ok: tuple[int, ...] = (200,), proc: subprocess.Popen | None = None
+) -> httpx.Response:
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -44,16 +45,23 @@ class Running(str):
 
 
 @contextlib.contextmanager
-def run_gateway(*args: str, env: dict[str, str] | None = None, ready_path: str = "/readyz",
-                port: int | None = None) -> Iterator[Running]:
+def run_gateway(
+    *args: str, env: dict[str, str] | None = None, ready_path: str = "/readyz", port: int | None = None
+) -> Iterator[Running]:
     """Run ``cachegate serve ARGS`` and yield its base URL; always stop it."""
     port = port or free_port()
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     # A file, not a pipe: nobody drains a pipe while the test runs, and one access-log line per
     # request would fill it and block the gateway.
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([*CACHEGATE, "serve", "--port", str(port), *args], cwd=ROOT, env=full_env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [*CACHEGATE, "serve", "--port", str(port), *args],
+            cwd=ROOT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         base = Running(f"http://127.0.0.1:{port}")
         base.pid = proc.pid
         try:

@@ -112,15 +112,19 @@ class Prometheus:
     def query_exemplars(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
         """``/api/v1/query_exemplars``: ``[{"seriesLabels": {...}, "exemplars": [{"labels", "value",
         "timestamp"}]}]``."""
-        return list(self._get("/api/v1/query_exemplars",
-                              {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}"}))
+        return list(self._get("/api/v1/query_exemplars", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}"}))
 
     def targets(self) -> list[dict[str, Any]]:
         """The active scrape targets with their ``health`` and ``lastError``."""
         return list(self._get("/api/v1/targets", {"state": "active"})["activeTargets"])
 
-    def wait_for(self, expr: str, timeout: float = 20.0, interval: float = 0.25,
-                 predicate: Callable[[list[dict[str, Any]]], bool] = bool) -> list[dict[str, Any]]:
+    def wait_for(
+        self,
+        expr: str,
+        timeout: float = 20.0,
+        interval: float = 0.25,
+        predicate: Callable[[list[dict[str, Any]]], bool] = bool,
+    ) -> list[dict[str, Any]]:
         """Poll ``expr`` until ``predicate(result)`` holds (default: a non-empty result); return it."""
         deadline = time.monotonic() + timeout
         result: list[dict[str, Any]] = []
@@ -148,8 +152,10 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: flo
         except httpx.HTTPError:
             pass
         time.sleep(0.05)
-    raise PrometheusError(f"prometheus at {url} not ready after {timeout}s:\n"
-                          + "\n".join(log.read_text(errors="replace").splitlines()[-20:]))
+    raise PrometheusError(
+        f"prometheus at {url} not ready after {timeout}s:\n"
+        + "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+    )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -163,8 +169,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def prometheus(targets: Targets, *, scrape_interval: str = "1s", ready_timeout: float = 20.0,
-               extra_args: Sequence[str] = ()) -> Iterator[Prometheus]:
+def prometheus(
+    targets: Targets, *, scrape_interval: str = "1s", ready_timeout: float = 20.0, extra_args: Sequence[str] = ()
+) -> Iterator[Prometheus]:
     """Start Prometheus scraping ``targets`` (``{job: ["host:port", ...]}`` or a list); stop it at exit."""
     binary = find_binary()
     workdir = Path(tempfile.mkdtemp(prefix="promharness-"))
@@ -179,10 +186,20 @@ def prometheus(targets: Targets, *, scrape_interval: str = "1s", ready_timeout: 
             url = f"http://127.0.0.1:{port}"
             with log.open("ab") as sink:
                 proc = subprocess.Popen(
-                    [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-                     f"--web.listen-address=127.0.0.1:{port}", "--enable-feature=exemplar-storage",
-                     "--storage.tsdb.retention.time=1h", "--log.level=warn", *extra_args],
-                    stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)
+                    [
+                        binary,
+                        f"--config.file={config}",
+                        f"--storage.tsdb.path={workdir / 'data'}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                        "--enable-feature=exemplar-storage",
+                        "--storage.tsdb.retention.time=1h",
+                        "--log.level=warn",
+                        *extra_args,
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=sink,
+                )
             if _wait_ready(url, proc, log, ready_timeout):
                 break
             _stop(proc)

@@ -149,6 +149,7 @@ class Engine(PassApply, PrefillAdder):
         self._ranks[rank].waiting.append(r)
         if self._pass_end is None:
             self._start_pass(now)
+
     def next_time(self) -> float | None:
         times = [t for t in (self._pass_end,) if t is not None]
         if self._pending:
@@ -159,7 +160,8 @@ class Engine(PassApply, PrefillAdder):
 
     def complete(self) -> list[EngineEvent]:
         if self._arrivals and self._arrivals[0][0] <= min(
-            t for t in (self._pass_end, self._pending[0].time if self._pending else None, self._arrivals[0][0])
+            t
+            for t in (self._pass_end, self._pending[0].time if self._pending else None, self._arrivals[0][0])
             if t is not None
         ):
             now = self._arrivals[0][0]
@@ -292,8 +294,7 @@ class Engine(PassApply, PrefillAdder):
                 items = self._form_prefill(rk)
             if items:
                 parts[rk.idx] = prefill_parts(p, items)
-                mixed = p.mixed_chunk and bool(rk.running) and (
-                    rk.free + rk.cache.evictable_tokens >= len(rk.running))
+                mixed = p.mixed_chunk and bool(rk.running) and (rk.free + rk.cache.evictable_tokens >= len(rk.running))
                 rk.work = ("mixed" if mixed else "prefill", items, 0.0)
                 if mixed:
                     decoding += len(rk.running)

@@ -122,8 +122,15 @@ class Fit:
 
 # Fitted to the published good deployment (reference §11) by ``python -m loadtest.fit_good``; the
 # residuals are in docs/calibration.md. The one place the "derive, never fit" rule is broken.
-GOOD_FIT = Fit(u_attn=0.6, u_lin=0.45, max_running_total=40, tokenize_tokens_per_s=1.0e6, request_overhead_s=0.05,
-               spec_draft_tokens=1, spec_accept_length=1.3)
+GOOD_FIT = Fit(
+    u_attn=0.6,
+    u_lin=0.45,
+    max_running_total=40,
+    tokenize_tokens_per_s=1.0e6,
+    request_overhead_s=0.05,
+    spec_draft_tokens=1,
+    spec_accept_length=1.3,
+)
 
 
 def _b300(
@@ -159,8 +166,9 @@ def _b300(
         # DP attention: a rank's attention projections and attention run on its own GPU (or its
         # context-parallel group's); the MoE is expert-parallel over all eight.
         w_dense = W_ATTN / attn_tp + (W_TOTAL - W_EXPERTS - W_ATTN) / gpus
-        per_tok = (ATTN_PROJ_FLOPS / (attn_tp * B300_BF16 * u_lin)
-                   + (LINEAR_FLOPS - ATTN_PROJ_FLOPS) / (gpus * B300_BF16 * u_lin))
+        per_tok = ATTN_PROJ_FLOPS / (attn_tp * B300_BF16 * u_lin) + (LINEAR_FLOPS - ATTN_PROJ_FLOPS) / (
+            gpus * B300_BF16 * u_lin
+        )
         r_lin = 1 / per_tok
         attn_gpus = cp if cp > 1 else attn_tp
     k_attn = ATTN_FLOPS / (attn_gpus * attn_peak * u_attn)
@@ -224,8 +232,14 @@ def _b300(
     overhead = 0.0
     tok_rate = 0.0
     if fit is not None:
-        fitted = ("U_ATTN", "U_LIN", "max_running_requests", "tokenize_tokens_per_s", "request_overhead_s",
-                  "spec_accept_length")
+        fitted = (
+            "U_ATTN",
+            "U_LIN",
+            "max_running_requests",
+            "tokenize_tokens_per_s",
+            "request_overhead_s",
+            "spec_accept_length",
+        )
         overhead, tok_rate = fit.request_overhead_s, fit.tokenize_tokens_per_s
         lines += [
             f"FITTED (python -m loadtest.fit_good): U_ATTN {fit.u_attn} of the FP8 peak, U_LIN {fit.u_lin},"

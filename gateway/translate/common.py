@@ -130,8 +130,13 @@ def read_upstream_error(status: int, body: bytes | dict[str, Any] | str | None) 
     source = inner if isinstance(inner, dict) else payload
     message = source.get("message") or source.get("detail") or f"The upstream answered HTTP {status}."
     code = source.get("code")
-    return UpstreamError(status, str(message), _str(source.get("type")),
-                         None if code is None or isinstance(code, int) else str(code), _str(source.get("param")))
+    return UpstreamError(
+        status,
+        str(message),
+        _str(source.get("type")),
+        None if code is None or isinstance(code, int) else str(code),
+        _str(source.get("param")),
+    )
 
 
 def _str(value: Any) -> str | None:

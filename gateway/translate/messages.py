@@ -29,15 +29,29 @@ from gateway.translate.common import ChatUsage, bad, parse_arguments, read_upstr
 from policies.prefix import render_chat
 
 BILLING_HEADER = "x-anthropic-billing-header:"
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
-                "content_filter": "refusal"}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
 # HTTP status → Anthropic error type; the gateway's refusal codes override it where they say more.
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
-               403: "permission_error", 404: "not_found_error", 408: "timeout_error",
-               413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 502: "api_error",
-               503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error"}
-CODE_ERROR_TYPES = {"team_queue_full": "rate_limit_error", "team_token_rate": "rate_limit_error",
-                    "queue_timeout": "overloaded_error", "no_healthy_backend": "overloaded_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+CODE_ERROR_TYPES = {
+    "team_queue_full": "rate_limit_error",
+    "team_token_rate": "rate_limit_error",
+    "queue_timeout": "overloaded_error",
+    "no_healthy_backend": "overloaded_error",
+}
 _TEXTUAL = ("text", "search_result", "document")
 
 
@@ -150,12 +164,22 @@ def strip_billing_header(body: dict[str, Any]) -> dict[str, Any]:
     system = body.get("system")
     if isinstance(system, str) and system.startswith(BILLING_HEADER):
         return {**body, "system": _strip_billing(system)}
-    if isinstance(system, list) and any(isinstance(b, dict) and str(b.get("text", "")).startswith(BILLING_HEADER)
-                                        for b in system):
-        kept = [b for b in system if not (isinstance(b, dict) and str(b.get("text", "")).startswith(BILLING_HEADER)
-                                          and not _strip_billing(b["text"]))]
-        kept = [{**b, "text": _strip_billing(b["text"])} if isinstance(b, dict) and isinstance(b.get("text"), str)
-                else b for b in kept]
+    if isinstance(system, list) and any(
+        isinstance(b, dict) and str(b.get("text", "")).startswith(BILLING_HEADER) for b in system
+    ):
+        kept = [
+            b
+            for b in system
+            if not (
+                isinstance(b, dict)
+                and str(b.get("text", "")).startswith(BILLING_HEADER)
+                and not _strip_billing(b["text"])
+            )
+        ]
+        kept = [
+            {**b, "text": _strip_billing(b["text"])} if isinstance(b, dict) and isinstance(b.get("text"), str) else b
+            for b in kept
+        ]
         return {**body, "system": kept}
     return body
 
@@ -184,8 +208,16 @@ def _message(message: Any, where: str) -> list[dict[str, Any]]:
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise bad(f"{at}: tool_use needs string 'id' and 'name'.", at)
-            calls.append({"id": block["id"], "type": "function", "function": {
-                "name": block["name"], "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {
+                        "name": block["name"],
+                        "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False),
+                    },
+                }
+            )
         elif kind == "tool_result" and role == "user":
             if not isinstance(block.get("tool_use_id"), str):
                 raise bad(f"{at}.tool_use_id: Field required.", f"{at}.tool_use_id")
@@ -194,8 +226,9 @@ def _message(message: Any, where: str) -> list[dict[str, Any]]:
                 parts = []
             result = _result_content(block.get("content"), at)
             if block.get("is_error") is True:
-                result = "Error: " + result if isinstance(result, str) else [
-                    {"type": "text", "text": "Error:"}, *result]
+                result = (
+                    "Error: " + result if isinstance(result, str) else [{"type": "text", "text": "Error:"}, *result]
+                )
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
         else:
             parts.append(_part(block, at))
@@ -295,6 +328,7 @@ def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
 
 # ---- the answer ----
 
+
 def signature(thinking: str) -> str:
     """A thinking block's signature: clients require a non-empty string and send it back; nothing
     verifies it here, so a digest of the text (the same streamed or not)."""
@@ -304,12 +338,17 @@ def signature(thinking: str) -> str:
 def usage_of(usage: Any) -> dict[str, int]:
     """Chat usage → Anthropic usage: ``input_tokens`` counts only what the cache did not hold."""
     u = ChatUsage.read(usage)
-    return {"input_tokens": u.prompt - u.cached, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": u.cached, "output_tokens": u.completion}
+    return {
+        "input_tokens": u.prompt - u.cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": u.cached,
+        "output_tokens": u.completion,
+    }
 
 
-def stop_reason(finish_reason: Any, matched_stop: Any, stop_sequences: list[str],
-                has_tool_calls: bool) -> tuple[str | None, str | None]:
+def stop_reason(
+    finish_reason: Any, matched_stop: Any, stop_sequences: list[str], has_tool_calls: bool
+) -> tuple[str | None, str | None]:
     """``(stop_reason, stop_sequence)`` for a chat ``finish_reason`` (and SGLang's ``matched_stop``)."""
     if finish_reason is None:
         return None, None
@@ -335,12 +374,27 @@ def from_chat(completion: dict[str, Any], req: MessagesRequest, message_id: str)
     calls = message.get("tool_calls") or []
     for call in calls:
         fn = call.get("function") or {}
-        content.append({"type": "tool_use", "id": str(call.get("id") or ""), "name": str(fn.get("name") or ""),
-                        "input": parse_arguments(str(fn.get("arguments") or ""))})
-    reason, sequence = stop_reason(choice.get("finish_reason") or "stop", choice.get("matched_stop"),
-                                   req.stop_sequences, bool(calls))
-    return {"id": message_id, "type": "message", "role": "assistant", "model": req.model, "content": content,
-            "stop_reason": reason, "stop_sequence": sequence, "usage": usage_of(completion.get("usage"))}
+        content.append(
+            {
+                "type": "tool_use",
+                "id": str(call.get("id") or ""),
+                "name": str(fn.get("name") or ""),
+                "input": parse_arguments(str(fn.get("arguments") or "")),
+            }
+        )
+    reason, sequence = stop_reason(
+        choice.get("finish_reason") or "stop", choice.get("matched_stop"), req.stop_sequences, bool(calls)
+    )
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": req.model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage_of(completion.get("usage")),
+    }
 
 
 def count_tokens(body: dict[str, Any], tokens_per_byte: float) -> dict[str, int]:
@@ -352,6 +406,7 @@ def count_tokens(body: dict[str, Any], tokens_per_byte: float) -> dict[str, int]
 
 
 # ---- errors ----
+
 
 def error_type(status: int, code: str | None = None) -> str:
     """The Anthropic error type for an HTTP status (a cachegate refusal code can refine it)."""

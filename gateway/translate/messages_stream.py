@@ -63,10 +63,20 @@ class MessagesStream:
             return b""
         self._started = True
         message: dict[str, Any] = {
-                   "id": self.message_id, "type": "message", "role": "assistant", "model": self.req.model,
-                   "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": self.input_tokens, "cache_creation_input_tokens": 0,
-                             "cache_read_input_tokens": 0, "output_tokens": 0}}
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.req.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": self.input_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "output_tokens": 0,
+            },
+        }
         return sse_event("message_start", {"type": "message_start", "message": message})
 
     @staticmethod
@@ -102,8 +112,7 @@ class MessagesStream:
         return b"".join(out)
 
     def _delta(self, block: _Block, delta: dict[str, Any]) -> bytes:
-        return sse_event("content_block_delta", {"type": "content_block_delta", "index": block.index,
-                                                 "delta": delta})
+        return sse_event("content_block_delta", {"type": "content_block_delta", "index": block.index, "delta": delta})
 
     def _open(self, kind: str, **fields: Any) -> tuple[_Block, bytes]:
         closing = self._close()
@@ -116,8 +125,9 @@ class MessagesStream:
             body = {"type": "text", "text": ""}
         else:
             body = {"type": "tool_use", "id": block.call_id, "name": block.name, "input": {}}
-        return block, closing + sse_event("content_block_start", {"type": "content_block_start",
-                                                                  "index": block.index, "content_block": body})
+        return block, closing + sse_event(
+            "content_block_start", {"type": "content_block_start", "index": block.index, "content_block": body}
+        )
 
     def _close(self) -> bytes:
         block, self._current = self._current, None
@@ -172,12 +182,16 @@ class MessagesStream:
             out.append(self._tool({"index": index, "function": {"name": "unknown", "arguments": ""}}))
         out.append(self._close())
         self.done = True
-        reason, sequence = stop_reason(self.finish_reason or "stop", self.matched_stop, self.req.stop_sequences,
-                                       bool(self.calls))
+        reason, sequence = stop_reason(
+            self.finish_reason or "stop", self.matched_stop, self.req.stop_sequences, bool(self.calls)
+        )
         usage = usage_of(self.usage) if self.usage else {"input_tokens": self.input_tokens, "output_tokens": 0}
-        out.append(sse_event("message_delta", {"type": "message_delta",
-                                               "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                               "usage": usage}))
+        out.append(
+            sse_event(
+                "message_delta",
+                {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage},
+            )
+        )
         out.append(sse_event("message_stop", {"type": "message_stop"}))
         return b"".join(out)
 
@@ -198,11 +212,17 @@ class MessagesStream:
             elif block.kind == "text":
                 content.append({"type": "text", "text": block.text})
             else:
-                content.append({"type": "tool_use", "id": block.call_id, "name": block.name,
-                                "input": parse_arguments(block.text)})
-        reason, sequence = stop_reason(self.finish_reason, self.matched_stop, self.req.stop_sequences,
-                                       bool(self.calls))
-        return {"id": self.message_id, "type": "message", "role": "assistant", "model": self.req.model,
-                "content": content, "stop_reason": reason, "stop_sequence": sequence,
-                "usage": usage_of(self.usage) if self.usage else {"input_tokens": self.input_tokens,
-                                                                  "output_tokens": 0}}
+                content.append(
+                    {"type": "tool_use", "id": block.call_id, "name": block.name, "input": parse_arguments(block.text)}
+                )
+        reason, sequence = stop_reason(self.finish_reason, self.matched_stop, self.req.stop_sequences, bool(self.calls))
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.req.model,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+            "usage": usage_of(self.usage) if self.usage else {"input_tokens": self.input_tokens, "output_tokens": 0},
+        }

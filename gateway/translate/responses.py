@@ -30,9 +30,24 @@ from gateway.translate.responses_tools import chat_tool_choice, custom_arguments
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 _EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
 # Fields of the request that the Response object repeats back.
-_ECHO = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "previous_response_id",
-         "reasoning", "temperature", "text", "tool_choice", "top_p", "truncation", "user", "store",
-         "prompt_cache_key", "service_tier", "max_tool_calls")
+_ECHO = (
+    "instructions",
+    "max_output_tokens",
+    "metadata",
+    "parallel_tool_calls",
+    "previous_response_id",
+    "reasoning",
+    "temperature",
+    "text",
+    "tool_choice",
+    "top_p",
+    "truncation",
+    "user",
+    "store",
+    "prompt_cache_key",
+    "service_tier",
+    "max_tool_calls",
+)
 
 
 @dataclass(slots=True)
@@ -134,14 +149,27 @@ def to_chat(body: dict[str, Any], prior_items: list[dict[str, Any]] | None = Non
             chat["reasoning_effort"] = _EFFORTS[effort]
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        chat["response_format"] = {"type": "json_schema", "json_schema": {
-            k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}}
+        chat["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt},
+        }
     elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
         chat["response_format"] = {"type": "json_object"}
     hint = body.get("prompt_cache_key") or body.get("user")
     echo = {k: body[k] for k in _ECHO if k in body}
-    return ResponsesRequest(chat, items, model, stream, store, wants_summary, previous_response_id(body),
-                            hint if isinstance(hint, str) else None, echo, tools.echo, tools.custom)
+    return ResponsesRequest(
+        chat,
+        items,
+        model,
+        stream,
+        store,
+        wants_summary,
+        previous_response_id(body),
+        hint if isinstance(hint, str) else None,
+        echo,
+        tools.echo,
+        tools.custom,
+    )
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
@@ -213,7 +241,8 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if turn is None:
                 turn = {"role": "assistant"}
             turn.setdefault("tool_calls", []).append(
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            )
         elif kind == "custom_tool_call":
             call_id, name, text = item.get("call_id"), item.get("name"), item.get("input", "")
             if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(text, str):
@@ -221,18 +250,23 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if turn is None:
                 turn = {"role": "assistant"}
             turn.setdefault("tool_calls", []).append(
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": custom_arguments(text)}})
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": custom_arguments(text)}}
+            )
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise bad(f"'{where}.call_id' must be a string.", f"{where}.call_id")
             flush()
-            messages.append({"role": "tool", "tool_call_id": call_id,
-                             "content": _content(item.get("output"), f"{where}.output")})
+            messages.append(
+                {"role": "tool", "tool_call_id": call_id, "content": _content(item.get("output"), f"{where}.output")}
+            )
         else:
-            raise bad(f"'{where}': input items of type {kind!r} are not supported by this gateway "
-                      "(supported: message, reasoning, function_call, function_call_output, custom_tool_call, "
-                      "custom_tool_call_output).", where)
+            raise bad(
+                f"'{where}': input items of type {kind!r} are not supported by this gateway "
+                "(supported: message, reasoning, function_call, function_call_output, custom_tool_call, "
+                "custom_tool_call_output).",
+                where,
+            )
     flush()
     return messages
 
@@ -242,19 +276,25 @@ def reasoning_text(item: dict[str, Any]) -> str:
     ``encrypted_content`` (clients such as Codex resend only that and the summary), else its
     ``summary``."""
     parts = item.get("content")
-    texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)] \
-        if isinstance(parts, list) else []
+    texts = (
+        [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if isinstance(parts, list)
+        else []
+    )
     if texts:
         return "\n\n".join(texts)
     packed = item.get("encrypted_content")
     if isinstance(packed, str) and packed.startswith(_PACKED):
         try:
-            return base64.urlsafe_b64decode(packed[len(_PACKED):]).decode("utf-8", "surrogatepass")
+            return base64.urlsafe_b64decode(packed[len(_PACKED) :]).decode("utf-8", "surrogatepass")
         except (ValueError, UnicodeDecodeError):
             pass
     parts = item.get("summary")
-    texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)] \
-        if isinstance(parts, list) else []
+    texts = (
+        [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if isinstance(parts, list)
+        else []
+    )
     return "\n\n".join(texts)
 
 
@@ -289,8 +329,11 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
                 image["detail"] = part["detail"]
             parts.append({"type": "image_url", "image_url": image})
         else:
-            raise bad(f"'{where}[{j}]': content parts of type {kind!r} are not supported here "
-                      "(supported: input_text, output_text, refusal, input_image with image_url).", f"{where}[{j}]")
+            raise bad(
+                f"'{where}[{j}]': content parts of type {kind!r} are not supported here "
+                "(supported: input_text, output_text, refusal, input_image with image_url).",
+                f"{where}[{j}]",
+            )
     if len(parts) == 1 and parts[0]["type"] == "text":
         return str(parts[0]["text"])
     return parts
@@ -298,25 +341,47 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
 
 # ---- the answer ----
 
-def response_object(req: ResponsesRequest, response_id: str, created_at: float, status: str,
-                    output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
-                    incomplete_reason: str | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+
+def response_object(
+    req: ResponsesRequest,
+    response_id: str,
+    created_at: float,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None = None,
+    incomplete_reason: str | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A Response object with the request's echoed fields (also the payload of lifecycle events)."""
     echo = req.echo
     return {
-        "id": response_id, "object": "response", "created_at": created_at, "status": status,
-        "background": False, "error": error,
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": False,
+        "error": error,
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
-        "instructions": echo.get("instructions"), "max_output_tokens": echo.get("max_output_tokens"),
-        "max_tool_calls": echo.get("max_tool_calls"), "metadata": echo.get("metadata") or {},
-        "model": req.model, "output": output,
+        "instructions": echo.get("instructions"),
+        "max_output_tokens": echo.get("max_output_tokens"),
+        "max_tool_calls": echo.get("max_tool_calls"),
+        "metadata": echo.get("metadata") or {},
+        "model": req.model,
+        "output": output,
         "parallel_tool_calls": echo.get("parallel_tool_calls", True) is not False,
-        "previous_response_id": req.previous_response_id, "prompt_cache_key": echo.get("prompt_cache_key"),
-        "reasoning": echo.get("reasoning"), "service_tier": echo.get("service_tier"),
-        "store": req.store, "temperature": echo.get("temperature"),
+        "previous_response_id": req.previous_response_id,
+        "prompt_cache_key": echo.get("prompt_cache_key"),
+        "reasoning": echo.get("reasoning"),
+        "service_tier": echo.get("service_tier"),
+        "store": req.store,
+        "temperature": echo.get("temperature"),
         "text": echo.get("text") or {"format": {"type": "text"}},
-        "tool_choice": echo.get("tool_choice") or "auto", "tools": req.tools, "top_p": echo.get("top_p"),
-        "truncation": echo.get("truncation") or "disabled", "usage": usage, "user": echo.get("user"),
+        "tool_choice": echo.get("tool_choice") or "auto",
+        "tools": req.tools,
+        "top_p": echo.get("top_p"),
+        "truncation": echo.get("truncation") or "disabled",
+        "usage": usage,
+        "user": echo.get("user"),
     }
 
 
@@ -325,9 +390,13 @@ def response_usage(usage: Any) -> dict[str, Any] | None:
     if not isinstance(usage, dict):
         return None
     u = ChatUsage.read(usage)
-    return {"input_tokens": u.prompt, "input_tokens_details": {"cached_tokens": u.cached, "cache_write_tokens": 0},
-            "output_tokens": u.completion, "output_tokens_details": {"reasoning_tokens": u.reasoning},
-            "total_tokens": u.prompt + u.completion}
+    return {
+        "input_tokens": u.prompt,
+        "input_tokens_details": {"cached_tokens": u.cached, "cache_write_tokens": 0},
+        "output_tokens": u.completion,
+        "output_tokens_details": {"reasoning_tokens": u.reasoning},
+        "total_tokens": u.prompt + u.completion,
+    }
 
 
 def incomplete_reason(finish_reason: Any) -> str | None:
@@ -339,27 +408,42 @@ def incomplete_reason(finish_reason: Any) -> str | None:
 
 
 def reasoning_item(item_id: str, text: str, wants_summary: bool, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "reasoning", "status": status,
-            "summary": [{"type": "summary_text", "text": text}] if wants_summary else [],
-            "content": [{"type": "reasoning_text", "text": text}], "encrypted_content": pack_reasoning(text)}
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "status": status,
+        "summary": [{"type": "summary_text", "text": text}] if wants_summary else [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "encrypted_content": pack_reasoning(text),
+    }
 
 
 def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "message", "role": "assistant", "status": status,
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+    return {
+        "id": item_id,
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
 
 
 def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
-            "arguments": arguments}
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
 
 
 def custom_call_item(item_id: str, call_id: str, name: str, text: str) -> dict[str, Any]:
     return {"id": item_id, "type": "custom_tool_call", "call_id": call_id, "name": name, "input": text}
 
 
-def from_chat(completion: dict[str, Any], req: ResponsesRequest, response_id: str,
-              created_at: float) -> dict[str, Any]:
+def from_chat(completion: dict[str, Any], req: ResponsesRequest, response_id: str, created_at: float) -> dict[str, Any]:
     """A non-streamed chat completion → the Response object."""
     choices = completion.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
@@ -383,8 +467,9 @@ def from_chat(completion: dict[str, Any], req: ResponsesRequest, response_id: st
             output.append(function_call_item(new_id("fc_"), call_id, name, arguments, status))
     if not output:  # an empty answer is still one (empty) message, as the API gives
         output.append(message_item(new_id("msg_"), "", status))
-    return response_object(req, response_id, created_at, status, output,
-                           response_usage(completion.get("usage")), reason)
+    return response_object(
+        req, response_id, created_at, status, output, response_usage(completion.get("usage")), reason
+    )
 
 
 def reshape_upstream_error(status: int, body: bytes | dict[str, Any] | str | None) -> tuple[int, bytes]:

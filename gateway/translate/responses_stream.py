@@ -87,8 +87,9 @@ class ResponsesStream:
             return b""
         self._started = True
         snapshot = response_object(self.req, self.response_id, self.created_at, "in_progress", [])
-        return (self._event("response.created", response=snapshot)
-                + self._event("response.in_progress", response=snapshot))
+        return self._event("response.created", response=snapshot) + self._event(
+            "response.in_progress", response=snapshot
+        )
 
     def feed(self, payload: Any) -> bytes:
         """Events for one parsed upstream chunk (an ``{"error": …}`` payload fails the stream)."""
@@ -119,8 +120,7 @@ class ResponsesStream:
 
     def _add(self, kind: str, **fields: Any) -> _Item:
         prefix = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_"}[kind]
-        item = _Item(kind, new_id(prefix),
-                     len(self.items), **fields)
+        item = _Item(kind, new_id(prefix), len(self.items), **fields)
         self.items.append(item)
         return item
 
@@ -145,18 +145,38 @@ class ResponsesStream:
         """Open a reasoning or message item and its one part."""
         out = [self._close_open()]
         item = self._current = self._add(kind)
-        out.append(self._event("response.output_item.added", output_index=item.output_index,
-                               item=self._item_body(item, "in_progress", empty=True)))
+        out.append(
+            self._event(
+                "response.output_item.added",
+                output_index=item.output_index,
+                item=self._item_body(item, "in_progress", empty=True),
+            )
+        )
         ids = {"item_id": item.item_id, "output_index": item.output_index}
         if kind == "message":
-            out.append(self._event("response.content_part.added", **ids, content_index=0,
-                                   part={"type": "output_text", "text": "", "annotations": []}))
+            out.append(
+                self._event(
+                    "response.content_part.added",
+                    **ids,
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": []},
+                )
+            )
         elif self.req.wants_summary:
-            out.append(self._event("response.reasoning_summary_part.added", **ids, summary_index=0,
-                                   part={"type": "summary_text", "text": ""}))
+            out.append(
+                self._event(
+                    "response.reasoning_summary_part.added",
+                    **ids,
+                    summary_index=0,
+                    part={"type": "summary_text", "text": ""},
+                )
+            )
         else:
-            out.append(self._event("response.content_part.added", **ids, content_index=0,
-                                   part={"type": "reasoning_text", "text": ""}))
+            out.append(
+                self._event(
+                    "response.content_part.added", **ids, content_index=0, part={"type": "reasoning_text", "text": ""}
+                )
+            )
         return b"".join(out)
 
     def _tool(self, call: dict[str, Any]) -> bytes:
@@ -177,15 +197,26 @@ class ResponsesStream:
             call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else new_id("call_")
             kind = "custom_tool_call" if name in self.req.custom_tools else "function_call"
             item = self.calls[index] = self._add(kind, call_id=call_id, name=name)
-            out.append(self._event("response.output_item.added", output_index=item.output_index,
-                                   item=self._item_body(item, "in_progress", empty=True)))
+            out.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=item.output_index,
+                    item=self._item_body(item, "in_progress", empty=True),
+                )
+            )
             fragment = self._pending_args.pop(index, "") + fragment
         if fragment:
             item.text += fragment
             if item.kind == "custom_tool_call":  # its input is a string inside the JSON: sent whole at the end
                 return b"".join(out)
-            out.append(self._event("response.function_call_arguments.delta", item_id=item.item_id,
-                                   output_index=item.output_index, delta=fragment))
+            out.append(
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=item.item_id,
+                    output_index=item.output_index,
+                    delta=fragment,
+                )
+            )
         return b"".join(out)
 
     def _status(self) -> str:
@@ -218,16 +249,34 @@ class ResponsesStream:
         out: list[bytes] = []
         if item.kind == "message":
             out.append(self._event("response.output_text.done", **ids, content_index=0, text=item.text, logprobs=[]))
-            out.append(self._event("response.content_part.done", **ids, content_index=0,
-                                   part={"type": "output_text", "text": item.text, "annotations": []}))
+            out.append(
+                self._event(
+                    "response.content_part.done",
+                    **ids,
+                    content_index=0,
+                    part={"type": "output_text", "text": item.text, "annotations": []},
+                )
+            )
         elif item.kind == "reasoning" and self.req.wants_summary:
             out.append(self._event("response.reasoning_summary_text.done", **ids, summary_index=0, text=item.text))
-            out.append(self._event("response.reasoning_summary_part.done", **ids, summary_index=0,
-                                   part={"type": "summary_text", "text": item.text}))
+            out.append(
+                self._event(
+                    "response.reasoning_summary_part.done",
+                    **ids,
+                    summary_index=0,
+                    part={"type": "summary_text", "text": item.text},
+                )
+            )
         elif item.kind == "reasoning":
             out.append(self._event("response.reasoning_text.done", **ids, content_index=0, text=item.text))
-            out.append(self._event("response.content_part.done", **ids, content_index=0,
-                                   part={"type": "reasoning_text", "text": item.text}))
+            out.append(
+                self._event(
+                    "response.content_part.done",
+                    **ids,
+                    content_index=0,
+                    part={"type": "reasoning_text", "text": item.text},
+                )
+            )
         elif item.kind == "custom_tool_call":
             text = custom_input(item.text) if item.text else ""
             if text:
@@ -235,8 +284,9 @@ class ResponsesStream:
             out.append(self._event("response.custom_tool_call_input.done", **ids, input=text))
         else:
             out.append(self._event("response.function_call_arguments.done", **ids, arguments=item.text))
-        out.append(self._event("response.output_item.done", output_index=item.output_index,
-                               item=self._item_body(item, status)))
+        out.append(
+            self._event("response.output_item.done", output_index=item.output_index, item=self._item_body(item, status))
+        )
         return b"".join(out)
 
     def _close_open(self) -> bytes:
@@ -245,10 +295,10 @@ class ResponsesStream:
         return b"".join(self._close(item) for item in self.items if item.open)
 
     def _final(self, status: str, reason: str | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
-        output = [self._item_body(item, "incomplete" if status != "completed" else "completed")
-                  for item in self.items]
-        self.response = response_object(self.req, self.response_id, self.created_at, status, output,
-                                        response_usage(self.usage), reason, error)
+        output = [self._item_body(item, "incomplete" if status != "completed" else "completed") for item in self.items]
+        self.response = response_object(
+            self.req, self.response_id, self.created_at, status, output, response_usage(self.usage), reason, error
+        )
         return self.response
 
     def finish(self) -> bytes:

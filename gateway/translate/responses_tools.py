@@ -43,16 +43,27 @@ def read_tools(value: Any) -> Tools:
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise bad(f"'tools[{i}].name' is required.", f"tools[{i}].name")
-        keys = ("type", "name", "description", "parameters", "strict") if kind == "function" else (
-            "type", "name", "description", "format")
+        keys = (
+            ("type", "name", "description", "parameters", "strict")
+            if kind == "function"
+            else ("type", "name", "description", "format")
+        )
         flat = {k: tool[k] for k in keys if tool.get(k) is not None}
         echo.append(flat)
         if kind == "function":
             chat.append({"type": "function", "function": {k: v for k, v in flat.items() if k != "type"}})
         else:
             custom.add(name)
-            chat.append({"type": "function", "function": {
-                "name": name, "description": flat.get("description", ""), "parameters": _custom_parameters(flat)}})
+            chat.append(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": name,
+                        "description": flat.get("description", ""),
+                        "parameters": _custom_parameters(flat),
+                    },
+                }
+            )
     return Tools(echo, chat, frozenset(custom))
 
 
@@ -60,10 +71,11 @@ def _custom_parameters(tool: dict[str, Any]) -> dict[str, Any]:
     fmt = tool.get("format")
     hint = "The tool's whole input, as free text."
     if isinstance(fmt, dict) and fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
-        hint = f"The tool's whole input, as free text matching this {fmt.get('syntax', 'lark')} grammar:\n" + \
-            fmt["definition"]
-    return {"type": "object", "properties": {"input": {"type": "string", "description": hint}},
-            "required": ["input"]}
+        hint = (
+            f"The tool's whole input, as free text matching this {fmt.get('syntax', 'lark')} grammar:\n"
+            + fmt["definition"]
+        )
+    return {"type": "object", "properties": {"input": {"type": "string", "description": hint}}, "required": ["input"]}
 
 
 def chat_tool_choice(value: Any) -> Any:

@@ -40,11 +40,17 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
     """
 
     hooks: ClassVar[frozenset[Hook]] = frozenset(
-        {"configure", "set_team", "set_share", "wake", "requeue", "team", "snapshot"})
+        {"configure", "set_team", "set_share", "wake", "requeue", "team", "snapshot"}
+    )
 
-    def __init__(self, router: Router, teams: Mapping[str, TeamLimits] | None = None,
-                 default_team: TeamLimits = UNLIMITED, params: SeatParams | None = None,
-                 name: str = "gateway") -> None:
+    def __init__(
+        self,
+        router: Router,
+        teams: Mapping[str, TeamLimits] | None = None,
+        default_team: TeamLimits = UNLIMITED,
+        params: SeatParams | None = None,
+        name: str = "gateway",
+    ) -> None:
         self.name = name
         self.router = router
         self.params = params or SeatParams()
@@ -130,8 +136,9 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         if not self._healthy(req.model, req.exclude):
             return [Refuse(req.rid, "no_healthy_backend", f"no healthy backend for model '{req.model}'", 5.0, 503)]
         need = self._need(req)
-        refused = self._refuse_at_door(req, team, need, now, self.models[req.model].views.values(),
-                                       self.params.high_water)
+        refused = self._refuse_at_door(
+            req, team, need, now, self.models[req.model].views.values(), self.params.high_water
+        )
         if refused is not None:
             return [refused]
         key, one_shot = self._conversation(req)
@@ -156,8 +163,9 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         team = self.team(w.req.team, now)
         team.inflight -= 1
         if outcome.prompt_tokens or outcome.completion_tokens:
-            actual = (self.params.input_weight * outcome.prompt_tokens
-                      + self.params.output_weight * outcome.completion_tokens)
+            actual = (
+                self.params.input_weight * outcome.prompt_tokens + self.params.output_weight * outcome.completion_tokens
+            )
             team.charge(actual - run.charged)
         seat = self.seats.get(w.key)
         if seat is not None and seat.slot == run.slot:
@@ -224,9 +232,15 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             if now - w.arrived > team.limits.queue_timeout_s:
                 del self.waiting[w.req.rid]
                 team.waiting -= 1
-                decisions.append(Refuse(w.req.rid, "queue_timeout",
-                                        f"waited {now - w.arrived:.0f} s in team '{w.req.team}' queue "
-                                        f"(limit {team.limits.queue_timeout_s:g} s)", team.retry_after(team.waiting)))
+                decisions.append(
+                    Refuse(
+                        w.req.rid,
+                        "queue_timeout",
+                        f"waited {now - w.arrived:.0f} s in team '{w.req.team}' queue "
+                        f"(limit {team.limits.queue_timeout_s:g} s)",
+                        team.retry_after(team.waiting),
+                    )
+                )
         if decisions:
             self._idle_floor = -math.inf  # refused waiters' seats are idle now, with an older last_active
         # No seat's threshold is below min(idle_release_s, full_idle_release_s): skip the scan while
@@ -247,12 +261,16 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
 
     def snapshot(self) -> dict[str, object]:
         return {
-            "teams": {n: {"inflight": t.inflight, "waiting": t.waiting, "vtc": round(t.vtc, 1)}
-                      for n, t in self.teams.items()},
-            "backends": {f"{b}" if r is None else f"{b}#{r}": {"reserved_tokens": tokens,
-                                                              "seats": sum(1 for s in self.seats.values()
-                                                                           if s.slot == (b, r))}
-                         for (b, r), tokens in self.reserved.items()},
+            "teams": {
+                n: {"inflight": t.inflight, "waiting": t.waiting, "vtc": round(t.vtc, 1)} for n, t in self.teams.items()
+            },
+            "backends": {
+                f"{b}" if r is None else f"{b}#{r}": {
+                    "reserved_tokens": tokens,
+                    "seats": sum(1 for s in self.seats.values() if s.slot == (b, r)),
+                }
+                for (b, r), tokens in self.reserved.items()
+            },
             "waiting": len(self.waiting),
             "running": len(self.running),
         }
@@ -282,8 +300,15 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         self.reserved[seat.slot] = self.reserved.get(seat.slot, 0) - seat.tokens + tokens
         return tokens
 
-    def _dispatch(self, w: Waiter, slot: Slot, now: float, reason: str, scores: dict[str, float] | None = None,
-                  matched_tokens: int | None = None) -> Dispatch:
+    def _dispatch(
+        self,
+        w: Waiter,
+        slot: Slot,
+        now: float,
+        reason: str,
+        scores: dict[str, float] | None = None,
+        matched_tokens: int | None = None,
+    ) -> Dispatch:
         team = self.team(w.req.team, now)
         seat = self.seats.get(w.key)
         if seat is None or seat.slot != slot:
@@ -300,8 +325,9 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                 self.anchors.pop(seat.anchor, None)
             seat.anchor = anchor
             self.anchors[anchor] = w.key
-        charged = (self.params.input_weight * w.req.prompt_tokens
-                   + self.params.output_weight * (w.need - w.req.prompt_tokens))
+        charged = self.params.input_weight * w.req.prompt_tokens + self.params.output_weight * (
+            w.need - w.req.prompt_tokens
+        )
         team.charge(charged)
         team.inflight += 1
         team.dispatched(now)
@@ -330,9 +356,12 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             grow = w.need - seat.tokens
             cap = self._capacity(seat.slot)
             used = self.reserved.get(seat.slot, 0)
-            if (grow > 0 and used + grow > self._budget(cap, growth=True)
-                    and not self._make_room(w, now, seat.slot, grow)
-                    and used + grow > (cap * self.share if cap else float("inf"))):
+            if (
+                grow > 0
+                and used + grow > self._budget(cap, growth=True)
+                and not self._make_room(w, now, seat.slot, grow)
+                and used + grow > (cap * self.share if cap else float("inf"))
+            ):
                 continue  # keeps its seat; goes when an idle seat there can be released
             self._take(w)
             scores = {"seated": 1.0}
@@ -346,9 +375,13 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         tried: set[str] = set()
         smallest_failed: dict[str, int] = {}  # model -> smallest need that found no slot behind the head
         while True:
-            candidates = [w for w in self.waiting.values()
-                          if w.req.rid not in tried and w.need < smallest_failed.get(w.req.model, 1 << 62)
-                          and self._may_dispatch(self.teams[w.req.team], now)]
+            candidates = [
+                w
+                for w in self.waiting.values()
+                if w.req.rid not in tried
+                and w.need < smallest_failed.get(w.req.model, 1 << 62)
+                and self._may_dispatch(self.teams[w.req.team], now)
+            ]
             if not candidates:
                 break
             w = min(candidates, key=self._rank)

@@ -34,8 +34,15 @@ class TeamGate:
     def _may_dispatch(self, team: TeamState, now: float) -> bool:
         return team.inflight < self._cap(team) and team.blocked_until <= now
 
-    def _refuse_at_door(self, req: RequestFacts, team: TeamState, need: int, now: float,
-                        views: Iterable[BackendView] = (), high_water: float = 1.0) -> Refuse | None:
+    def _refuse_at_door(
+        self,
+        req: RequestFacts,
+        team: TeamState,
+        need: int,
+        now: float,
+        views: Iterable[BackendView] = (),
+        high_water: float = 1.0,
+    ) -> Refuse | None:
         """A request that can never run (``policies/request_limits.py``: 400 at once, it would block the
         seat queue), then the queue bound, then the token rate (which takes ``need`` tokens when it lets it in)."""
         never = never_runs(req, views, high_water, team.limits)

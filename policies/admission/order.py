@@ -36,15 +36,20 @@ class FairOrder(SeatSizing):
 
     def _head_slot(self, w: Waiter) -> Slot | None:
         """The slot a blocked head waits for (``policies/request_limits.py::head_slot``)."""
-        return head_slot(self._slots(w.req.model, w.req.exclude), w.need, lambda s: self.reserved.get(s, 0),
-                         self._budget)
+        return head_slot(
+            self._slots(w.req.model, w.req.exclude), w.need, lambda s: self.reserved.get(s, 0), self._budget
+        )
 
     def _place(self, w: Waiter, now: float, avoid: Slot | None = None) -> Placement | None:
         """A slot with room for a new seat (not ``avoid``: a blocked head's), chosen by the router
         among those that fit and can ever hold the prompt."""
-        fitting = {slot for slot, cap in self._slots(w.req.model, w.req.exclude)
-                   if slot != avoid and self._fits(w.need, slot, cap)
-                   and can_hold(w.req.prompt_tokens, cap, self.params.high_water)}
+        fitting = {
+            slot
+            for slot, cap in self._slots(w.req.model, w.req.exclude)
+            if slot != avoid
+            and self._fits(w.need, slot, cap)
+            and can_hold(w.req.prompt_tokens, cap, self.params.high_water)
+        }
         if not fitting:
             return None
         entry = self.models[w.req.model]

@@ -25,8 +25,9 @@ def slot_of(decision: Dispatch) -> Slot:
     return (decision.backend, decision.rank)
 
 
-def make_dispatch(rid: str, slot: Slot, reason: str, scores: dict[str, float] | None = None,
-                  matched_tokens: int | None = None) -> Dispatch:
+def make_dispatch(
+    rid: str, slot: Slot, reason: str, scores: dict[str, float] | None = None, matched_tokens: int | None = None
+) -> Dispatch:
     """The decision for ``slot`` (its rank is None for a backend without DP)."""
     return Dispatch(rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
 

@@ -96,12 +96,24 @@ class MinTTFT(Router):
     name = "min-ttft"
     hooks: ClassVar[frozenset[RouterHook]] = frozenset({"dispatched", "first_token", "finished", "matched_tokens"})
 
-    def __init__(self, *, model: PrefillModel | None = None, tie_rel: float = 0.1, tie_abs_s: float = 0.1,
-                 gate_ratio: float = 1.5, gate_slack: float = 2.0, load_factor: float = 1.5,
-                 learn_alpha: float = 0.1,
-                 min_learn_s: float = 0.05, default_capacity: int = 1_000_000,
-                 common: CommonBlocks | None = None, active_s: float = 600.0, report_lag_s: float = 2.0,
-                 gate_move_s: float = 2.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        model: PrefillModel | None = None,
+        tie_rel: float = 0.1,
+        tie_abs_s: float = 0.1,
+        gate_ratio: float = 1.5,
+        gate_slack: float = 2.0,
+        load_factor: float = 1.5,
+        learn_alpha: float = 0.1,
+        min_learn_s: float = 0.05,
+        default_capacity: int = 1_000_000,
+        common: CommonBlocks | None = None,
+        active_s: float = 600.0,
+        report_lag_s: float = 2.0,
+        gate_move_s: float = 2.0,
+        seed: int = 0,
+    ) -> None:
         self.model = model or PrefillModel()
         self.tie_rel = tie_rel
         self.tie_abs_s = tie_abs_s
@@ -211,9 +223,15 @@ class MinTTFT(Router):
             reason = "imbalance"
 
         slot, view = slots[chosen]
-        scores = {"prompt_tokens": float(prompt), "common_tokens": float(common_tokens),
-                  "matched_tokens": float(matched[chosen]), "best_match_tokens": float(best_match),
-                  "expected_ttft_s": ttft[chosen], "wait_s": waits[chosen], "candidates": float(count)}
+        scores = {
+            "prompt_tokens": float(prompt),
+            "common_tokens": float(common_tokens),
+            "matched_tokens": float(matched[chosen]),
+            "best_match_tokens": float(best_match),
+            "expected_ttft_s": ttft[chosen],
+            "wait_s": waits[chosen],
+            "candidates": float(count),
+        }
         for i in sorted(range(count), key=ttft.__getitem__)[:8]:
             scores[f"ttft_s:{slot_label(slots[i][0])}"] = ttft[i]
         return make_dispatch(req.rid, slot, reason, scores, matched[chosen])
@@ -233,8 +251,7 @@ class MinTTFT(Router):
                     load[i] -= own[1]
         return load
 
-    def _cold(self, key: int, prompt: int, slots: list[tuple[Slot, BackendView]], pool: list[int],
-              now: float) -> int:
+    def _cold(self, key: int, prompt: int, slots: list[tuple[Slot, BackendView]], pool: list[int], now: float) -> int:
         """Bounded-load rendezvous over the ``pool`` slots, load = recent working set in tokens."""
         load = self._working_sets(slots, key, now)
         # One request's worth of slack (a strict bound would depend on each replica's own
@@ -242,8 +259,9 @@ class MinTTFT(Router):
         least = min(load[i] for i in pool)
         bound = max(self.load_factor * (sum(load) + prompt) / len(slots) + prompt, least + prompt)
         position = {slots[i][0]: i for i in pool}
-        return next(i for i in (position[s] for s in self._rendezvous.order(key, list(position)))
-                    if load[i] + prompt <= bound)
+        return next(
+            i for i in (position[s] for s in self._rendezvous.order(key, list(position))) if load[i] + prompt <= bound
+        )
 
     def matched_tokens(self, req: RequestFacts, backend: str, rank: int | None) -> int:
         """Tokens of ``req`` that ``backend`` (rank) probably holds, by this router's index."""

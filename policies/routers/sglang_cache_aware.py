@@ -151,9 +151,15 @@ class SglangCacheAware(Router):
     name = "sglang-cache-aware"
     hooks: ClassVar[frozenset[RouterHook]] = frozenset({"dispatched", "finished"})
 
-    def __init__(self, *, cache_threshold: float = 0.3, balance_abs_threshold: int = 64,
-                 balance_rel_threshold: float = 1.5, eviction_interval_s: float = 60.0,
-                 max_tree_chars: int = 2**26) -> None:
+    def __init__(
+        self,
+        *,
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+        eviction_interval_s: float = 60.0,
+        max_tree_chars: int = 2**26,
+    ) -> None:
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold

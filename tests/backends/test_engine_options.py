@@ -20,8 +20,11 @@ def test_cp_profile_is_the_dp_profile_with_fp8_cp_attention_and_says_what_is_fit
     fit = profiles.GOOD_FIT
     # FP8 doubles the peak, CP8 spreads a rank's attention over 8 GPUs, at the fitted utilisation
     assert cp.k_attn == pytest.approx(dp.k_attn * profiles.U_ATTN / fit.u_attn / 2 / 8)
-    assert cp.k_kvb / cp.k_attn == pytest.approx(dp.k_kvb / dp.k_attn) == pytest.approx(
-        profiles.KVB_FLOPS / profiles.ATTN_FLOPS)
+    assert (
+        cp.k_kvb / cp.k_attn
+        == pytest.approx(dp.k_kvb / dp.k_attn)
+        == pytest.approx(profiles.KVB_FLOPS / profiles.ATTN_FLOPS)
+    )
     assert (cp.chunked_prefill_size, cp.init_new_token_ratio) == (dp.chunked_prefill_size, dp.init_new_token_ratio)
     assert cp.max_running_requests == fit.max_running_total // 8
     assert (cp.kv_tokens, cp.k_kv, cp.a, cp.t_experts) == (dp.kv_tokens, dp.k_kv, dp.a, dp.t_experts)

@@ -47,8 +47,12 @@ def test_template_next_turn_starts_with_prompt_plus_answer() -> None:
     p1 = render_chat(msgs, tools)
     call = {"id": "functions.run:0", "type": "function", "function": {"name": "run", "arguments": "{}"}}
     from backends.sim.chat_template import assistant_text
-    msgs2 = [*msgs, {"role": "assistant", "content": None, "tool_calls": [call]},
-             {"role": "tool", "tool_call_id": "functions.run:0", "content": "ok"}]
+
+    msgs2 = [
+        *msgs,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "functions.run:0", "content": "ok"},
+    ]
     assert render_chat(msgs2, tools).startswith(p1 + assistant_text("", [call]))
     msgs3 = [*msgs, {"role": "assistant", "content": "done."}, {"role": "user", "content": "thanks"}]
     assert render_chat(msgs3, tools).startswith(p1 + "done.")
@@ -58,8 +62,10 @@ def test_second_turn_hits_cache_for_prompt_and_answer(client: httpx.Client) -> N
     msgs: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "Refactor module A " * 30}]
     r1 = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 50}).json()
     u1 = r1["usage"]
-    msgs += [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
-             {"role": "user", "content": "and now module B " * 20}]
+    msgs += [
+        {"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "and now module B " * 20},
+    ]
     req = {"messages": msgs, "max_tokens": 10, "stream": True, "stream_options": {"include_usage": True}}
     with client.stream("POST", "/v1/chat/completions", json=req) as r:
         lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
@@ -71,8 +77,10 @@ def test_second_turn_hits_cache_for_prompt_and_answer(client: httpx.Client) -> N
 
 
 def test_disconnect_aborts_after_delay_and_keeps_prefix() -> None:
-    with run_twin("tiny", time_scale=0.2, abort_delay_s=0.5, stream_interval_s=0.01) as u, \
-            httpx.Client(base_url=u, timeout=30) as c:
+    with (
+        run_twin("tiny", time_scale=0.2, abort_delay_s=0.5, stream_interval_s=0.01) as u,
+        httpx.Client(base_url=u, timeout=30) as c,
+    ):
         msgs = [SYSTEM, {"role": "user", "content": "long answer please " * 20}]
         req = {"messages": msgs, "max_tokens": 3000, "ignore_eos": True, "stream": True}
         with c.stream("POST", "/v1/chat/completions", json=req) as r:
@@ -96,8 +104,13 @@ def test_disconnect_aborts_after_delay_and_keeps_prefix() -> None:
 
 def test_abort_request_route_ends_a_stream(client: httpx.Client) -> None:
     rid = "abort-me-1"
-    req = {"rid": rid, "messages": [{"role": "user", "content": "go"}], "max_tokens": 20000, "ignore_eos": True,
-           "stream": True}
+    req = {
+        "rid": rid,
+        "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": 20000,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with client.stream("POST", "/v1/chat/completions", json=req) as r:
         it = r.iter_lines()
         next(it)
@@ -109,8 +122,13 @@ def test_abort_request_route_ends_a_stream(client: httpx.Client) -> None:
 
 
 def test_flush_cache_is_refused_while_busy(client: httpx.Client) -> None:
-    req = {"messages": [{"role": "user", "content": "busy"}], "max_tokens": 20000, "ignore_eos": True, "stream": True,
-           "rid": "busy-1"}
+    req = {
+        "messages": [{"role": "user", "content": "busy"}],
+        "max_tokens": 20000,
+        "ignore_eos": True,
+        "stream": True,
+        "rid": "busy-1",
+    }
     with client.stream("POST", "/v1/chat/completions", json=req) as r:
         next(r.iter_lines())
         busy = client.post("/flush_cache")
@@ -124,11 +142,15 @@ def test_flush_cache_is_refused_while_busy(client: httpx.Client) -> None:
 
 def test_non_streaming_client_that_leaves_is_aborted() -> None:
     with run_twin("tiny", time_scale=0.2, abort_delay_s=0.25) as u, httpx.Client(base_url=u, timeout=30) as c:
+
         def fire() -> None:
             with pytest.raises(httpx.TimeoutException):
-                httpx.post(f"{u}/v1/chat/completions", timeout=0.3,
-                           json={"messages": [{"role": "user", "content": "slow"}], "max_tokens": 20000,
-                                 "ignore_eos": True})
+                httpx.post(
+                    f"{u}/v1/chat/completions",
+                    timeout=0.3,
+                    json={"messages": [{"role": "user", "content": "slow"}], "max_tokens": 20000, "ignore_eos": True},
+                )
+
         t = threading.Thread(target=fire)
         t.start()
         t.join()
@@ -147,8 +169,11 @@ def test_generate_native(client: httpx.Client) -> None:
     assert meta["finish_reason"] == {"type": "length", "length": 6}
     assert meta["prompt_tokens"] == 4 and meta["completion_tokens"] == 6 and meta["e2e_latency"] > 0
     assert meta["cached_tokens"] == 0
-    with client.stream("POST", "/generate", json={"text": "Once upon a time", "stream": True,
-                                                  "sampling_params": {"max_new_tokens": 30}}) as s:
+    with client.stream(
+        "POST",
+        "/generate",
+        json={"text": "Once upon a time", "stream": True, "sampling_params": {"max_new_tokens": 30}},
+    ) as s:
         events = [ln[6:] for ln in s.iter_lines() if ln.startswith("data: ")]
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
@@ -160,8 +185,18 @@ def test_generate_native(client: httpx.Client) -> None:
 
 def test_info_routes(client: httpx.Client) -> None:
     info = client.get("/server_info").json()
-    for key in ("max_total_num_tokens", "max_running_requests", "page_size", "chunked_prefill_size", "tp_size",
-                "dp_size", "context_length", "schedule_policy", "internal_states", "version"):
+    for key in (
+        "max_total_num_tokens",
+        "max_running_requests",
+        "page_size",
+        "chunked_prefill_size",
+        "tp_size",
+        "dp_size",
+        "context_length",
+        "schedule_policy",
+        "internal_states",
+        "version",
+    ):
         assert key in info
     assert info["version"] == "0.5.23" and info["page_size"] == 16 and info["max_total_num_tokens"] == 65536
     assert len(info["internal_states"]) == info["dp_size"] == 1
@@ -188,16 +223,21 @@ def test_health_is_503_while_starting() -> None:
 
 def test_traceparent_is_recorded(client: httpx.Client) -> None:
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    client.post("/v1/chat/completions", headers={"traceparent": tp, "tracestate": "a=b"},
-                json={"rid": "traced-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    client.post(
+        "/v1/chat/completions",
+        headers={"traceparent": tp, "tracestate": "a=b"},
+        json={"rid": "traced-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
     assert client.get("/_twin/last_traceparent").json()["traceparent"] == tp
     by_rid = client.get("/_twin/last_traceparent", params={"rid": "traced-1"}).json()
     assert by_rid == {"rid": "traced-1", "traceparent": tp, "tracestate": "a=b"}
 
 
 def test_dp_rank_pinning(url: str, client: httpx.Client) -> None:
-    ok = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
-                                                  "data_parallel_rank": 0})
+    ok = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "data_parallel_rank": 0},
+    )
     assert ok.status_code == 200
     assert twin_of(url).engine.dp_size == 1
 
@@ -207,8 +247,13 @@ def test_openai_sdk(url: str) -> None:
     out = sdk.chat.completions.create(model="kimi", messages=[{"role": "user", "content": "hello"}], max_tokens=12)
     assert out.choices[0].finish_reason == "length" and out.usage is not None
     assert out.usage.completion_tokens == 12 and out.usage.prompt_tokens_details is not None
-    stream = sdk.chat.completions.create(model="kimi", messages=[{"role": "user", "content": "hello"}],
-                                         max_tokens=20, stream=True, stream_options={"include_usage": True})
+    stream = sdk.chat.completions.create(
+        model="kimi",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=20,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(text) == 80 and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 20
@@ -221,11 +266,26 @@ def test_openai_sdk(url: str) -> None:
 
 
 def test_sim_backend_process() -> None:
-    with spawn_twin("tiny", time_scale=0.05, extra_args=["--model", "kimi-test", "--no-cache-report",
-                                                              "--kv-tokens", "32768", "--routes", "chat",
-                                                              "--scale", "0.01"]) as u:
-        r = httpx.post(f"{u}/v1/chat/completions", timeout=30,
-                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    with spawn_twin(
+        "tiny",
+        time_scale=0.05,
+        extra_args=[
+            "--model",
+            "kimi-test",
+            "--no-cache-report",
+            "--kv-tokens",
+            "32768",
+            "--routes",
+            "chat",
+            "--scale",
+            "0.01",
+        ],
+    ) as u:
+        r = httpx.post(
+            f"{u}/v1/chat/completions",
+            timeout=30,
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens_details"] is None
         assert httpx.get(f"{u}/v1/models").json()["data"][0]["id"] == "kimi-test"
         assert httpx.get(f"{u}/server_info").json()["max_total_num_tokens"] == 32768

@@ -40,7 +40,7 @@ def roundtrip(model: Any, data: dict[str, Any], **dump: Any) -> None:
 
 
 def sse_events(resp: httpx.Response) -> list[str]:
-    events = [line[len("data: "):] for line in resp.iter_lines() if line.startswith("data: ")]
+    events = [line[len("data: ") :] for line in resp.iter_lines() if line.startswith("data: ")]
     assert events and events[-1] == "[DONE]"
     return events[:-1]
 
@@ -58,14 +58,20 @@ def test_chat_non_stream_is_sglang_json(client: httpx.Client) -> None:
     assert choice["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 17
     assert len(choice["message"]["content"].encode()) == 4 * 17
-    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": body["usage"]["prompt_tokens_details"][
-        "cached_tokens"]}
+    assert body["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    }
     assert body["model"] == "kimi"
 
 
 def test_chat_stream_chunks_and_usage_are_sglang_json(client: httpx.Client) -> None:
-    req = {"model": "kimi", "messages": MSGS, "max_tokens": 40, "stream": True,
-           "stream_options": {"include_usage": True}}
+    req = {
+        "model": "kimi",
+        "messages": MSGS,
+        "max_tokens": 40,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with client.stream("POST", "/v1/chat/completions", json=req) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -101,11 +107,23 @@ def test_chat_stream_without_usage_and_with_continuous_stats(client: httpx.Clien
 
 
 def test_reasoning_and_tool_calls(client: httpx.Client) -> None:
-    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
-        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            },
+        }
+    ]
     msgs = [{"role": "user", "content": "What does main.py do?"}]
-    req = {"messages": msgs, "tools": tools, "stream": True, "stream_options": {"include_usage": True},
-           "chat_template_kwargs": {"thinking": True}}
+    req = {
+        "messages": msgs,
+        "tools": tools,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "chat_template_kwargs": {"thinking": True},
+    }
     with client.stream("POST", "/v1/chat/completions", json=req) as r:
         events = [json.loads(e) for e in sse_events(r)]
     for ev in events:
@@ -126,8 +144,11 @@ def test_reasoning_and_tool_calls(client: httpx.Client) -> None:
     assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "read_file"
     # After the tool result, plain content and a natural stop.
     call = body["choices"][0]["message"]["tool_calls"][0]
-    follow = [*msgs, {"role": "assistant", "content": None, "tool_calls": [call]},
-              {"role": "tool", "tool_call_id": call["id"], "content": "print('hi')"}]
+    follow = [
+        *msgs,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "print('hi')"},
+    ]
     r3 = client.post("/v1/chat/completions", json={"messages": follow, "tools": tools})
     assert r3.json()["choices"][0]["finish_reason"] == "stop"
     assert r3.json()["choices"][0]["matched_stop"] is not None
@@ -158,8 +179,7 @@ def _error(r: httpx.Response) -> dict[str, Any]:
 
 
 def test_error_envelopes(client: httpx.Client) -> None:
-    e = _error(client.post("/v1/chat/completions", content=b'{"messages": []}',
-                           headers={"content-type": "text/plain"}))
+    e = _error(client.post("/v1/chat/completions", content=b'{"messages": []}', headers={"content-type": "text/plain"}))
     assert "application/json" in e["message"]
     e = _error(client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 1_100_000}]}))
     assert "longer than the model's context length" in e["message"] and e["type"] == "BadRequestError"
@@ -189,14 +209,37 @@ def test_models(client: httpx.Client, url: str) -> None:
     assert client.get(f"/v1/models/{card['id']}").json()["id"] == card["id"]
     r = client.get("/v1/models/nope")
     assert r.status_code == 404
-    assert r.json() == {"error": {"message": "The model 'nope' does not exist", "type": "invalid_request_error",
-                                  "param": "model", "code": "model_not_found"}}
+    assert r.json() == {
+        "error": {
+            "message": "The model 'nope' does not exist",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    }
 
 
-ISSUE_ROUTES = ["/health", "/health_generate", "/get_model_info", "/get_server_info", "/server_info", "/v1/loads",
-                "/metrics", "/flush_cache", "/abort_request", "/generate", "/v1/models", "/v1/chat/completions",
-                "/v1/completions", "/", "/v1/responses", "/v1/responses/{response_id}",
-                "/v1/responses/{response_id}/cancel", "/v1/messages", "/v1/messages/count_tokens"]
+ISSUE_ROUTES = [
+    "/health",
+    "/health_generate",
+    "/get_model_info",
+    "/get_server_info",
+    "/server_info",
+    "/v1/loads",
+    "/metrics",
+    "/flush_cache",
+    "/abort_request",
+    "/generate",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/",
+    "/v1/responses",
+    "/v1/responses/{response_id}",
+    "/v1/responses/{response_id}/cancel",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+]
 
 
 def test_routes_exist_in_sglang_http_server() -> None:
@@ -219,12 +262,25 @@ def test_routes_exist_in_sglang_http_server() -> None:
 
 SCHED_BASE = {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"}
 TOK_BASE = {"model_name", "engine_type"}
-REQUIRED = ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:cache_hit_rate",
-            "sglang:max_total_num_tokens", "sglang:num_used_tokens", "sglang:gen_throughput",
-            "sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:cached_tokens_total",
-            "sglang:num_requests_total", "sglang:num_aborted_requests_total", "sglang:num_retracted_requests_total",
-            "sglang:realtime_tokens_total", "sglang:time_to_first_token_seconds",
-            "sglang:inter_token_latency_seconds", "sglang:e2e_request_latency_seconds"]
+REQUIRED = [
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "sglang:cache_hit_rate",
+    "sglang:max_total_num_tokens",
+    "sglang:num_used_tokens",
+    "sglang:gen_throughput",
+    "sglang:prompt_tokens_total",
+    "sglang:generation_tokens_total",
+    "sglang:cached_tokens_total",
+    "sglang:num_requests_total",
+    "sglang:num_aborted_requests_total",
+    "sglang:num_retracted_requests_total",
+    "sglang:realtime_tokens_total",
+    "sglang:time_to_first_token_seconds",
+    "sglang:inter_token_latency_seconds",
+    "sglang:e2e_request_latency_seconds",
+]
 
 
 def test_metrics_names_types_labels_buckets(client: httpx.Client) -> None:

@@ -19,12 +19,24 @@ from pydantic import TypeAdapter
 from backends.sim import sglang_ref
 from backends.sim.testing import run_twin
 
-READ_A = {"name": "Read", "description": "Read a file", "input_schema": {
-    "type": "object", "required": ["file_path"], "properties": {"file_path": {"type": "string"}}}}
-WRITE_A = {"name": "Write", "input_schema": {"type": "object", "required": ["file_path", "content"], "properties": {
-    "file_path": {"type": "string"}, "content": {"type": "string"}}}}
-READ_R = {"type": "function", "name": "read_file", "parameters": {
-    "type": "object", "required": ["path"], "properties": {"path": {"type": "string"}}}}
+READ_A = {
+    "name": "Read",
+    "description": "Read a file",
+    "input_schema": {"type": "object", "required": ["file_path"], "properties": {"file_path": {"type": "string"}}},
+}
+WRITE_A = {
+    "name": "Write",
+    "input_schema": {
+        "type": "object",
+        "required": ["file_path", "content"],
+        "properties": {"file_path": {"type": "string"}, "content": {"type": "string"}},
+    },
+}
+READ_R = {
+    "type": "function",
+    "name": "read_file",
+    "parameters": {"type": "object", "required": ["path"], "properties": {"path": {"type": "string"}}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +61,14 @@ def test_root_and_openapi_list_what_is_served(url: str) -> None:
     assert httpx.head(f"{url}/").status_code == 200
     assert httpx.get(f"{url}/").json() == "SGLang is running"
     paths = httpx.get(f"{url}/openapi.json").json()["paths"]
-    for path in ("/v1/chat/completions", "/v1/responses", "/v1/responses/{response_id}", "/v1/messages",
-                 "/v1/messages/count_tokens", "/v1/models"):
+    for path in (
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/responses/{response_id}",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/models",
+    ):
         assert path in paths
     assert "post" in paths["/v1/messages"]
 
@@ -67,17 +85,22 @@ def test_an_old_build_serves_chat_only() -> None:
 
 def test_messages_tool_round_trip_with_the_anthropic_sdk(url: str) -> None:
     sdk = anthropic.Anthropic(base_url=url, api_key="k", max_retries=0)
-    first = sdk.messages.create(model="kimi", max_tokens=4000, tools=[WRITE_A, READ_A],  # type: ignore[list-item]
-                                messages=[{"role": "user", "content": "What is in this repo?"}],
-                                thinking={"type": "enabled", "budget_tokens": 1024})
+    first = sdk.messages.create(
+        model="kimi",
+        max_tokens=4000,
+        tools=[WRITE_A, READ_A],  # type: ignore[list-item]
+        messages=[{"role": "user", "content": "What is in this repo?"}],
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
     assert first.stop_reason == "tool_use" and [b.type for b in first.content] == ["thinking", "tool_use"]
     use = first.content[1]
     assert use.type == "tool_use" and use.id == "functions.Read:0" and use.input == {"file_path": "README.md"}
     assert first.usage.input_tokens > 0 and first.usage.output_tokens > 0
-    history: list[Any] = [{"role": "user", "content": "What is in this repo?"},
-                          {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                          {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                        "content": "# repo"}]}]
+    history: list[Any] = [
+        {"role": "user", "content": "What is in this repo?"},
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "# repo"}]},
+    ]
     with sdk.messages.stream(model="kimi", max_tokens=32000, tools=[READ_A], messages=history) as stream:  # type: ignore[list-item]
         final = stream.get_final_message()
     assert final.stop_reason == "end_turn" and [b.type for b in final.content] == ["text"]
@@ -88,8 +111,13 @@ def test_messages_tool_round_trip_with_the_anthropic_sdk(url: str) -> None:
 
 def test_messages_stream_is_sglang_shaped(url: str) -> None:
     adapter: TypeAdapter[Any] = TypeAdapter(sglang_ref.load_anthropic_protocol().AnthropicStreamEvent)
-    body = {"model": "kimi", "max_tokens": 2000, "stream": True, "tools": [READ_A],
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "look around"}]}]}
+    body = {
+        "model": "kimi",
+        "max_tokens": 2000,
+        "stream": True,
+        "tools": [READ_A],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "look around"}]}],
+    }
     headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219,interleaved-thinking"}
     with httpx.stream("POST", f"{url}/v1/messages?beta=true", json=body, headers=headers, timeout=30) as r:
         assert r.status_code == 200
@@ -121,8 +149,12 @@ def test_responses_tool_round_trip_with_previous_response_id(url: str) -> None:
     call = first.output[0]
     assert call.type == "function_call" and call.call_id.startswith("call_") and call.id.startswith("fc_")
     assert json.loads(call.arguments) == {"path": "README.md"}
-    second = sdk.responses.create(model="kimi", previous_response_id=first.id, tools=[READ_R],  # type: ignore[list-item]
-                                  input=[{"type": "function_call_output", "call_id": call.call_id, "output": "hi"}])
+    second = sdk.responses.create(
+        model="kimi",
+        previous_response_id=first.id,
+        tools=[READ_R],  # type: ignore[list-item]
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "hi"}],
+    )
     assert second.status == "completed" and [i.type for i in second.output] == ["message"] and second.output_text
     assert second.usage is not None and second.usage.input_tokens_details.cached_tokens > 0
     assert sdk.responses.retrieve(second.id).id == second.id
@@ -132,10 +164,17 @@ def test_responses_tool_round_trip_with_previous_response_id(url: str) -> None:
 
 def test_responses_stream_events(url: str) -> None:
     adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
-    body = {"model": "kimi", "input": [{"role": "developer", "content": "be brief"},
-                                       {"role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
-            "stream": True, "reasoning": {"effort": "medium", "summary": "auto"},
-            "include": ["reasoning.encrypted_content"], "store": False}
+    body = {
+        "model": "kimi",
+        "input": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "input_text", "text": "hello"}]},
+        ],
+        "stream": True,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "include": ["reasoning.encrypted_content"],
+        "store": False,
+    }
     with httpx.stream("POST", f"{url}/v1/responses", json=body, timeout=30) as r:
         events = sse(r)
     for _, data in events:
@@ -150,8 +189,10 @@ def test_responses_stream_events(url: str) -> None:
     assert final["output"][1]["content"][0]["text"] == text
     assert final["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
     blob = final["output"][0]["encrypted_content"]  # SGLang's encode_reasoning_state: zlib + base64
-    assert zlib.decompress(base64.urlsafe_b64decode(blob.removeprefix("sglang-reasoning-v1."))).decode() == \
-        final["output"][0]["content"][0]["text"]
+    assert (
+        zlib.decompress(base64.urlsafe_b64decode(blob.removeprefix("sglang-reasoning-v1."))).decode()
+        == final["output"][0]["content"][0]["text"]
+    )
     cut = {"model": "kimi", "input": "more", "stream": True, "max_output_tokens": 20}
     with httpx.stream("POST", f"{url}/v1/responses", json=cut, timeout=30) as r:
         last = sse(r)[-1][1]
@@ -161,10 +202,22 @@ def test_responses_stream_events(url: str) -> None:
 
 def test_a_system_message_after_the_user_turn_still_gets_a_call(url: str) -> None:
     """Claude Code puts a ``system`` message after the user's; SGLang merges it into the system prompt."""
-    body = {"model": "kimi", "max_tokens": 32000, "tools": [READ_A], "system": [{"type": "text", "text": "Be a CLI."}],
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"},
-                                                      {"type": "text", "text": "what is here?"}]},
-                         {"role": "system", "content": "Working directory: /srv/repo"}]}
+    body = {
+        "model": "kimi",
+        "max_tokens": 32000,
+        "tools": [READ_A],
+        "system": [{"type": "text", "text": "Be a CLI."}],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>x</system-reminder>"},
+                    {"type": "text", "text": "what is here?"},
+                ],
+            },
+            {"role": "system", "content": "Working directory: /srv/repo"},
+        ],
+    }
     r = httpx.post(f"{url}/v1/messages?beta=true", json=body, headers={"anthropic-version": "2023-06-01"}, timeout=30)
     assert r.status_code == 200 and r.json()["stop_reason"] == "tool_use"
     assert r.json()["content"][-1]["input"] == {"file_path": "README.md"}

@@ -102,10 +102,13 @@ def test_override_swaps_in_real_sglang() -> None:
     assert all(override["services"][n].get("profiles") for n in sims)
 
 
-@pytest.mark.parametrize(("config", "compose", "prom"), [
-    ("cachegate.compose.yaml", "compose.yaml", "prometheus/prometheus.yml"),
-    ("cachegate.sglang.yaml", "compose.sglang.yaml", "prometheus/prometheus.sglang.yml"),
-])
+@pytest.mark.parametrize(
+    ("config", "compose", "prom"),
+    [
+        ("cachegate.compose.yaml", "compose.yaml", "prometheus/prometheus.yml"),
+        ("cachegate.sglang.yaml", "compose.sglang.yaml", "prometheus/prometheus.sglang.yml"),
+    ],
+)
 def test_gateway_config_and_scrape_targets_agree(config: str, compose: str, prom: str) -> None:
     cfg = Config.model_validate(load(DEPLOY / config))
     services = set(load(DEPLOY / "compose.yaml")["services"]) | set(load(DEPLOY / compose)["services"])
@@ -121,8 +124,9 @@ def test_gateway_config_and_scrape_targets_agree(config: str, compose: str, prom
 def test_promtool_accepts_config(name: str) -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool comes with Debian's prometheus package (.ci/run installs it)"
-    out = subprocess.run([promtool, "check", "config", str(DEPLOY / "prometheus" / name)],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [promtool, "check", "config", str(DEPLOY / "prometheus" / name)], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -154,8 +158,11 @@ def test_grafana_datasources_link_exemplars_to_tempo() -> None:
 
 def dockerfile() -> list[str]:
     """Instructions with continuation lines joined."""
-    return [line.strip() for line in (ROOT / "Dockerfile").read_text().replace("\\\n", " ").splitlines()
-            if line.strip() and not line.strip().startswith("#")]
+    return [
+        line.strip()
+        for line in (ROOT / "Dockerfile").read_text().replace("\\\n", " ").splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
 
 
 def test_dockerfile_shape() -> None:
@@ -166,10 +173,16 @@ def test_dockerfile_shape() -> None:
     assert users and users[-1] not in ("root", "0")
     assert json.loads(next(line for line in lines if line.startswith("ENTRYPOINT "))[11:]) == ["cachegate"]
     assert json.loads(next(line for line in lines if line.startswith("CMD "))[4:]) == [
-        "serve", "--config", "/etc/cachegate/config.yaml"]
+        "serve",
+        "--config",
+        "/etc/cachegate/config.yaml",
+    ]
     # What COPY brings in is not excluded by .dockerignore, and covers the packages pyproject installs.
-    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     copied = {part for line in lines if line.startswith("COPY ") for part in line.split()[1:-1]}
     assert not copied & ignored
     packages = load_pyproject_packages()
@@ -207,7 +220,7 @@ def health_server() -> Iterator[int]:
 
 def test_dockerfile_healthcheck_probes_healthz() -> None:
     line = next(line for line in dockerfile() if line.startswith("HEALTHCHECK "))
-    cmd = json.loads(line[line.index("CMD ") + 4:])
+    cmd = json.loads(line[line.index("CMD ") + 4 :])
     cmd[0] = shutil.which("python3") or "python3"
     with health_server() as port:
         ok = subprocess.run(cmd, env={"CACHEGATE_PORT": str(port)}, capture_output=True, timeout=10)

@@ -14,20 +14,41 @@ from tests.promharness import PrometheusError, prometheus
 
 # The gateway's metric names (binding, from the gateway's metrics contract) and SGLang's own.
 GATEWAY_METRICS = {
-    "cachegate_requests_total", "cachegate_ttft_seconds", "cachegate_inter_token_latency_seconds",
-    "cachegate_request_duration_seconds", "cachegate_queue_wait_seconds", "cachegate_inflight_requests",
-    "cachegate_queued_requests", "cachegate_tokens_total", "cachegate_admission_refusals_total",
-    "cachegate_route_decisions_total", "cachegate_upstream_errors_total", "cachegate_backend_healthy",
-    "cachegate_backend_breaker_state", "cachegate_backend_kv_usage", "cachegate_backend_running",
-    "cachegate_backend_waiting", "cachegate_backend_cache_hit_rate", "cachegate_redis_degraded",
+    "cachegate_requests_total",
+    "cachegate_ttft_seconds",
+    "cachegate_inter_token_latency_seconds",
+    "cachegate_request_duration_seconds",
+    "cachegate_queue_wait_seconds",
+    "cachegate_inflight_requests",
+    "cachegate_queued_requests",
+    "cachegate_tokens_total",
+    "cachegate_admission_refusals_total",
+    "cachegate_route_decisions_total",
+    "cachegate_upstream_errors_total",
+    "cachegate_backend_healthy",
+    "cachegate_backend_breaker_state",
+    "cachegate_backend_kv_usage",
+    "cachegate_backend_running",
+    "cachegate_backend_waiting",
+    "cachegate_backend_cache_hit_rate",
+    "cachegate_redis_degraded",
 }
 SGLANG_METRICS = {
-    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:cache_hit_rate",
-    "sglang:gen_throughput", "sglang:realtime_tokens_total", "sglang:time_to_first_token_seconds",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "sglang:cache_hit_rate",
+    "sglang:gen_throughput",
+    "sglang:realtime_tokens_total",
+    "sglang:time_to_first_token_seconds",
 }
-HISTOGRAMS = {"cachegate_ttft_seconds", "cachegate_inter_token_latency_seconds",
-              "cachegate_request_duration_seconds", "cachegate_queue_wait_seconds",
-              "sglang:time_to_first_token_seconds"}
+HISTOGRAMS = {
+    "cachegate_ttft_seconds",
+    "cachegate_inter_token_latency_seconds",
+    "cachegate_request_duration_seconds",
+    "cachegate_queue_wait_seconds",
+    "sglang:time_to_first_token_seconds",
+}
 
 
 def committed(path: Path) -> str:
@@ -36,8 +57,12 @@ def committed(path: Path) -> str:
 
 def test_committed_files_equal_generator_output() -> None:
     outputs = generate.outputs()
-    assert {p.name for p in outputs} >= {"cachegate-overview.json", "cachegate-teams.json",
-                                         "cachegate-backends.json", "README.md"}
+    assert {p.name for p in outputs} >= {
+        "cachegate-overview.json",
+        "cachegate-teams.json",
+        "cachegate-backends.json",
+        "README.md",
+    }
     stale = [str(p) for p, text in outputs.items() if committed(p) != text]
     assert stale == [], "run `python deploy/grafana/generate.py`"
     assert {p.name for p in generate.OUT_DIR.glob("*.json")} == {p.name for p in outputs if p.suffix == ".json"}
@@ -45,8 +70,10 @@ def test_committed_files_equal_generator_output() -> None:
 
 def _metric_names(expr: str) -> set[str]:
     names = set(re.findall(r"\b(cachegate_[a-z_]+|sglang:[a-z_]+)", expr))
-    return {re.sub(r"_(bucket|count|sum)$", "", n) if re.sub(r"_(bucket|count|sum)$", "", n) in HISTOGRAMS
-            else n for n in names}
+    return {
+        re.sub(r"_(bucket|count|sum)$", "", n) if re.sub(r"_(bucket|count|sum)$", "", n) in HISTOGRAMS else n
+        for n in names
+    }
 
 
 def test_queries_use_known_metrics_without_padding() -> None:
@@ -76,8 +103,14 @@ def test_dashboard_contents() -> None:
     for word in ("in flight", "queued", "tokens", "refusals", "ttft"):
         assert word in teams
     backend_exprs = " ".join(e for d, _, e in generate.all_queries() if d == "cachegate-backends")
-    for metric in ("sglang:token_usage", "cachegate_backend_kv_usage", "sglang:cache_hit_rate",
-                   "sglang:num_running_reqs", "sglang:num_queue_reqs", "cachegate_route_decisions_total"):
+    for metric in (
+        "sglang:token_usage",
+        "cachegate_backend_kv_usage",
+        "sglang:cache_hit_rate",
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "cachegate_route_decisions_total",
+    ):
         assert metric in backend_exprs
 
 

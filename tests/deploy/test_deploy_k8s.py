@@ -47,9 +47,18 @@ def test_manifests_validate(version: str) -> None:
     for doc in documents():
         kubernetes_validate.validate(doc, version, strict=True)
         kinds.append(f"{doc['apiVersion']}/{doc['kind']}")
-    assert sorted(kinds) == sorted([
-        "v1/ConfigMap", "v1/Secret", "apps/v1/Deployment", "v1/Service", "apps/v1/Deployment", "v1/Service",
-        "autoscaling/v2/HorizontalPodAutoscaler", "policy/v1/PodDisruptionBudget"])
+    assert sorted(kinds) == sorted(
+        [
+            "v1/ConfigMap",
+            "v1/Secret",
+            "apps/v1/Deployment",
+            "v1/Service",
+            "apps/v1/Deployment",
+            "v1/Service",
+            "autoscaling/v2/HorizontalPodAutoscaler",
+            "policy/v1/PodDisruptionBudget",
+        ]
+    )
 
 
 def test_validator_rejects_unknown_and_mistyped_fields() -> None:

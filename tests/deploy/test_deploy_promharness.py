@@ -39,7 +39,9 @@ def test_scrape_config_shape() -> None:
     cfg = scrape_config({"gw": ["a:1", "b:2"], "sim": ["c:3"]}, "1s")
     assert cfg["global"]["scrape_interval"] == "1s"
     assert [(j["job_name"], j["static_configs"][0]["targets"]) for j in cfg["scrape_configs"]] == [
-        ("gw", ["a:1", "b:2"]), ("sim", ["c:3"])]
+        ("gw", ["a:1", "b:2"]),
+        ("sim", ["c:3"]),
+    ]
     assert scrape_config(["x:9"])["scrape_configs"][0]["job_name"] == "targets"
 
 
@@ -58,12 +60,18 @@ def test_prometheus_scrapes_twin_counter_histogram_and_exemplars() -> None:
 
     dead = f"127.0.0.1:{_free_port()}"  # nothing listens here
     start = time.time() - 1
-    with run_twin("tiny", time_scale=0.05) as twin_url, metrics_server(registry) as target, \
-            prometheus({"demo": [target], "dead": [dead], "sglang": [twin_url.split("//", 1)[1]]}) as prom:
+    with (
+        run_twin("tiny", time_scale=0.05) as twin_url,
+        metrics_server(registry) as target,
+        prometheus({"demo": [target], "dead": [dead], "sglang": [twin_url.split("//", 1)[1]]}) as prom,
+    ):
         prompt_tokens = 0
         for i in range(3):
-            r = httpx.post(f"{twin_url}/v1/chat/completions", timeout=30, json={
-                "model": "kimi", "max_tokens": 4, "messages": [{"role": "user", "content": f"hello {i} " * 20}]})
+            r = httpx.post(
+                f"{twin_url}/v1/chat/completions",
+                timeout=30,
+                json={"model": "kimi", "max_tokens": 4, "messages": [{"role": "user", "content": f"hello {i} " * 20}]},
+            )
             r.raise_for_status()
             prompt_tokens += r.json()["usage"]["prompt_tokens"]
         prom.wait_for("sum(sglang:num_requests_total) == 3")
@@ -75,7 +83,10 @@ def test_prometheus_scrapes_twin_counter_histogram_and_exemplars() -> None:
         assert got == {team: float(n) for team, n in sent.items()}
         prom.wait_for("up", predicate=lambda r: len(r) == 3)
         assert {s["metric"]["job"]: s["value"][1] for s in prom.query("up")} == {
-            "demo": "1", "dead": "0", "sglang": "1"}
+            "demo": "1",
+            "dead": "0",
+            "sglang": "1",
+        }
         count = prom.query('sum(demo_ttft_seconds_count{team="alpha"})')
         assert float(count[0]["value"][1]) == len(trace_ids)
         series = prom.query_exemplars("demo_ttft_seconds_bucket", start, time.time() + 1)
@@ -90,4 +101,3 @@ def test_prometheus_scrapes_twin_counter_histogram_and_exemplars() -> None:
     assert not Path(workdir).exists()
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{url}/-/ready", timeout=1.0)
-

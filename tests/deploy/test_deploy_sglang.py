@@ -26,10 +26,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "deploy" / "sglang").glob("*.sh"))
 SGLANG_VERSION = "0.5.23"
-REQUIRED = ["--enable-metrics", "--enable-cache-report", "--enable-trace", "--otlp-traces-endpoint",
-            "--tool-call-parser", "--reasoning-parser", "--trust-remote-code", "--kv-cache-dtype"]
-SOURCES = ("sglang/srt/server_args.py", "sglang/srt/arg_groups/fields/",
-           "sglang/srt/parser/reasoning_parser_names.py", "sglang/srt/function_call/parser_names.py")
+REQUIRED = [
+    "--enable-metrics",
+    "--enable-cache-report",
+    "--enable-trace",
+    "--otlp-traces-endpoint",
+    "--tool-call-parser",
+    "--reasoning-parser",
+    "--trust-remote-code",
+    "--kv-cache-dtype",
+]
+SOURCES = (
+    "sglang/srt/server_args.py",
+    "sglang/srt/arg_groups/fields/",
+    "sglang/srt/parser/reasoning_parser_names.py",
+    "sglang/srt/function_call/parser_names.py",
+)
 
 
 def _from_installed() -> dict[str, str] | None:
@@ -42,8 +54,11 @@ def _from_installed() -> dict[str, str] | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     base = Path(next(iter(spec.submodule_search_locations))).parent
-    return {str(p.relative_to(base)): p.read_text() for p in base.glob("sglang/srt/**/*.py")
-            if str(p.relative_to(base)).startswith(SOURCES)}
+    return {
+        str(p.relative_to(base)): p.read_text()
+        for p in base.glob("sglang/srt/**/*.py")
+        if str(p.relative_to(base)).startswith(SOURCES)
+    }
 
 
 def _from_wheel() -> dict[str, str]:
@@ -51,12 +66,14 @@ def _from_wheel() -> dict[str, str]:
     wheels = sorted(cache.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
     if not wheels:
         cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(cache),
-                        f"sglang=={SGLANG_VERSION}"], check=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(cache), f"sglang=={SGLANG_VERSION}"],
+            check=True,
+            timeout=300,
+        )
         wheels = sorted(cache.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
     with zipfile.ZipFile(wheels[0]) as wheel:
-        return {n: wheel.read(n).decode() for n in wheel.namelist()
-                if n.startswith(SOURCES) and n.endswith(".py")}
+        return {n: wheel.read(n).decode() for n in wheel.namelist() if n.startswith(SOURCES) and n.endswith(".py")}
 
 
 @functools.cache
@@ -65,16 +82,16 @@ def sglang_sources() -> dict[str, str]:
 
 
 def _is_annotated(node: ast.expr) -> bool:
-    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in (
-        "A", "Annotated")
+    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in ("A", "Annotated")
 
 
 def _field_flags(source: str) -> set[str]:
     """CLI names of the annotated dataclass fields, as add_cli_args_from_dataclass derives them."""
     flags: set[str] = set()
     for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and _is_annotated(node.annotation)):
+        if not (
+            isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and _is_annotated(node.annotation)
+        ):
             continue
         assert isinstance(node.annotation, ast.Subscript)
         parts = node.annotation.slice.elts if isinstance(node.annotation.slice, ast.Tuple) else []
@@ -108,8 +125,11 @@ def sglang_flags() -> frozenset[str]:
         if path.startswith("sglang/srt/arg_groups/fields/"):
             flags |= _field_flags(text)
     manual = sglang_sources()["sglang/srt/server_args.py"]
-    flags |= {n.value for n in ast.walk(ast.parse(manual))
-              if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"--[a-z0-9-]+", n.value)}
+    flags |= {
+        n.value
+        for n in ast.walk(ast.parse(manual))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"--[a-z0-9-]+", n.value)
+    }
     return frozenset(flags)
 
 
@@ -120,8 +140,9 @@ def run_script(script: Path, tmp_path: Path, **env: str) -> list[str]:
     (shim / "python3").write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
     (shim / "python3").chmod(0o755)
     base = {"PATH": f"{shim}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    out = subprocess.run(["bash", str(script)], env={**base, **env}, capture_output=True, text=True,
-                         timeout=10, check=True)
+    out = subprocess.run(
+        ["bash", str(script)], env={**base, **env}, capture_output=True, text=True, timeout=10, check=True
+    )
     return out.stdout.splitlines()
 
 
@@ -188,8 +209,13 @@ def test_multinode_scripts_require_node_rank(tmp_path: Path) -> None:
 def test_flag_parser_reads_sglang_sources() -> None:
     flags = sglang_flags()
     # Known flags of both kinds (auto-derived, aliases, hand-registered) are found; invented ones are not.
-    assert {"--tp-size", "--tensor-parallel-size", "--enable-metrics", "--tool-call-parser",
-            "--disable-cuda-graph"} <= flags
+    assert {
+        "--tp-size",
+        "--tensor-parallel-size",
+        "--enable-metrics",
+        "--tool-call-parser",
+        "--disable-cuda-graph",
+    } <= flags
     assert "--enable-dp-attention" in flags  # hand-registered (deprecated) although its field is no_cli
     assert "--no-such-flag" not in flags and "--tp" not in flags
     assert len(flags) > 300

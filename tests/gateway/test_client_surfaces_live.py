@@ -19,30 +19,56 @@ import yaml
 
 from backends.sim.testing import run_twin, twin_of
 from gateway.config import hash_key
-from tests.harness import run_gateway
 from tests.gateway.test_telemetry import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, OtlpReceiver
+from tests.harness import run_gateway
 
 pytestmark = pytest.mark.slow  # real processes: a gateway and twins per mode
 KEY, TIGHT_KEY, ADMIN = "k-default", "k-tight", "adm1n"
-TOOLS = [{"type": "function", "name": "read_file", "description": "Read a file of the project.",
-          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
-A_TOOLS = [{"name": "Read", "description": "Read a file.",
-            "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}},
-                             "required": ["file_path"]}}]
-UPSTREAM = {"passthrough": {"responses": "/v1/responses", "messages": "/v1/messages"},
-            "translate": {"responses": "/v1/chat/completions", "messages": "/v1/chat/completions"}}
+TOOLS = [
+    {
+        "type": "function",
+        "name": "read_file",
+        "description": "Read a file of the project.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    }
+]
+A_TOOLS = [
+    {
+        "name": "Read",
+        "description": "Read a file.",
+        "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]},
+    }
+]
+UPSTREAM = {
+    "passthrough": {"responses": "/v1/responses", "messages": "/v1/messages"},
+    "translate": {"responses": "/v1/chat/completions", "messages": "/v1/chat/completions"},
+}
 
 
 def write_config(path: Path, twins: list[str], **extra: Any) -> str:
-    path.write_text(yaml.safe_dump({
-        "models": {"kimi": {"backends": [{"url": u, "name": f"twin-{i}"} for i, u in enumerate(twins)],
-                            "surfaces": {"responses": "auto", "messages": "auto"}}},
-        "aliases": {"claude-*": "kimi", "gpt-*": "kimi"},
-        "teams": {"default": {"max_concurrency": 16, "max_queue": 64},
-                  "tight": {"max_concurrency": 1, "max_queue": 1}},
-        "keys": [{"sha256": hash_key(KEY), "team": "default"}, {"sha256": hash_key(TIGHT_KEY), "team": "tight"}],
-        "health": {"interval_s": 0.5, "load_interval_s": 0.5},
-        **extra}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "models": {
+                    "kimi": {
+                        "backends": [{"url": u, "name": f"twin-{i}"} for i, u in enumerate(twins)],
+                        "surfaces": {"responses": "auto", "messages": "auto"},
+                    }
+                },
+                "aliases": {"claude-*": "kimi", "gpt-*": "kimi"},
+                "teams": {
+                    "default": {"max_concurrency": 16, "max_queue": 64},
+                    "tight": {"max_concurrency": 1, "max_queue": 1},
+                },
+                "keys": [
+                    {"sha256": hash_key(KEY), "team": "default"},
+                    {"sha256": hash_key(TIGHT_KEY), "team": "tight"},
+                ],
+                "health": {"interval_s": 0.5, "load_interval_s": 0.5},
+                **extra,
+            }
+        )
+    )
     return str(path)
 
 
@@ -61,8 +87,9 @@ def receiver() -> Iterator[OtlpReceiver]:
 def stack(mode: str, receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(gateway URL, twin URL): one twin, native routes or chat only."""
     routes = "all" if mode == "passthrough" else "chat"
-    with run_twin("tiny", time_scale=0.2, model="kimi", stream_interval_s=0.01, abort_delay_s=0.0,
-                  routes=routes) as twin:
+    with run_twin(
+        "tiny", time_scale=0.2, model="kimi", stream_interval_s=0.01, abort_delay_s=0.0, routes=routes
+    ) as twin:
         cfg = write_config(tmp_path_factory.mktemp(mode) / "c.yaml", [twin])
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50"}
         with run_gateway("--config", cfg, "--admin-token", ADMIN, env=env) as gw:
@@ -84,8 +111,12 @@ def test_responses_create_tool_call_then_previous_response_id(stack: tuple[str, 
     first = client.responses.create(model="kimi", input="Look at this project, then describe it.", tools=TOOLS)
     call = next(o for o in first.output if o.type == "function_call")
     assert call.name == "read_file" and "path" in call.arguments and first.status == "completed"
-    second = client.responses.create(model="gpt-5-codex", previous_response_id=first.id, tools=TOOLS, input=[
-        {"type": "function_call_output", "call_id": call.call_id, "output": "# demo\nA small project."}])
+    second = client.responses.create(
+        model="gpt-5-codex",
+        previous_response_id=first.id,
+        tools=TOOLS,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "# demo\nA small project."}],
+    )
     assert second.output_text and second.status == "completed"
     assert second.usage is not None and second.usage.input_tokens_details.cached_tokens > 0  # turn 2 hit the cache
     assert client.responses.retrieve(second.id).output_text == second.output_text
@@ -101,8 +132,12 @@ def test_responses_stream_text_and_function_call(stack: tuple[str, str], mode: s
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert "response.function_call_arguments.delta" in kinds
     call = next(o for o in final.output if o.type == "function_call")
-    with client.responses.stream(model="kimi", previous_response_id=final.id, tools=TOOLS, input=[
-            {"type": "function_call_output", "call_id": call.call_id, "output": "# demo"}]) as stream:
+    with client.responses.stream(
+        model="kimi",
+        previous_response_id=final.id,
+        tools=TOOLS,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "# demo"}],
+    ) as stream:
         kinds = [e.type for e in stream]
         text = stream.get_final_response().output_text
     assert "response.output_text.delta" in kinds and text
@@ -112,21 +147,28 @@ def test_messages_create_stream_and_count_tokens(stack: tuple[str, str], mode: s
     gw, twin = stack
     before = seen(twin)
     client = anthropic.Anthropic(base_url=gw, api_key=KEY)  # x-api-key
-    first = client.messages.create(model="claude-sonnet-4-6", max_tokens=4096, tools=A_TOOLS,
-                                   messages=[{"role": "user", "content": "Look at the project."}])
+    first = client.messages.create(
+        model="claude-sonnet-4-6",
+        max_tokens=4096,
+        tools=A_TOOLS,
+        messages=[{"role": "user", "content": "Look at the project."}],
+    )
     assert first.stop_reason == "tool_use"
     use = next(c for c in first.content if c.type == "tool_use")
     assert use.name == "Read" and "file_path" in use.input
-    history = [{"role": "user", "content": "Look at the project."},
-               {"role": "assistant", "content": [c.model_dump(exclude_none=True) for c in first.content]},
-               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "# demo"}]}]
+    history = [
+        {"role": "user", "content": "Look at the project."},
+        {"role": "assistant", "content": [c.model_dump(exclude_none=True) for c in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "# demo"}]},
+    ]
     bearer = anthropic.Anthropic(base_url=gw, auth_token=KEY)  # Authorization: Bearer
     with bearer.messages.stream(model="kimi", max_tokens=4096, tools=A_TOOLS, messages=history) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "end_turn" and final.content[-1].type == "text" and final.content[-1].text
     assert final.usage.cache_read_input_tokens and final.usage.cache_read_input_tokens > 0
-    with bearer.messages.stream(model="kimi", max_tokens=4096, tools=A_TOOLS,
-                                messages=[{"role": "user", "content": "Read the README."}]) as stream:
+    with bearer.messages.stream(
+        model="kimi", max_tokens=4096, tools=A_TOOLS, messages=[{"role": "user", "content": "Read the README."}]
+    ) as stream:
         events = [e.type for e in stream]
         tool = stream.get_final_message()
     assert "input_json" in events and tool.stop_reason == "tool_use"
@@ -137,14 +179,20 @@ def test_messages_create_stream_and_count_tokens(stack: tuple[str, str], mode: s
 
 def test_errors_in_each_surface_envelope(stack: tuple[str, str]) -> None:
     gw, _ = stack
-    r = httpx.post(gw + "/v1/messages?beta=true", json={"model": "kimi", "max_tokens": 5, "messages": []},
-                   headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"})
+    r = httpx.post(
+        gw + "/v1/messages?beta=true",
+        json={"model": "kimi", "max_tokens": 5, "messages": []},
+        headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+    )
     assert r.status_code == 400 and r.json()["type"] == "error"
     assert r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(gw + "/v1/messages", json={"model": "kimi", "max_tokens": 5, "messages": []})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-    r = httpx.post(gw + "/v1/responses", json={"model": "kimi", "input": "x", "previous_response_id": "resp_nope"},
-                   headers={"authorization": f"Bearer {KEY}"})
+    r = httpx.post(
+        gw + "/v1/responses",
+        json={"model": "kimi", "input": "x", "previous_response_id": "resp_nope"},
+        headers={"authorization": f"Bearer {KEY}"},
+    )
     assert r.status_code == 404 and r.json()["error"]["code"] == "previous_response_not_found"
     assert httpx.get(gw + "/v1/models").status_code == 401
     models = httpx.get(gw + "/v1/models", headers={"authorization": f"Bearer {KEY}"}).json()["data"]
@@ -160,20 +208,26 @@ def test_upstream_errors_in_each_surface_envelope(stack: tuple[str, str]) -> Non
     huge = 10_000_000
     with pytest.raises(anthropic.BadRequestError) as a_err:
         anthropic.Anthropic(base_url=gw, api_key=KEY).messages.create(
-            model="kimi", max_tokens=huge, messages=[{"role": "user", "content": "hi"}], stream=True)
+            model="kimi", max_tokens=huge, messages=[{"role": "user", "content": "hi"}], stream=True
+        )
     assert a_err.value.body["type"] == "error" and a_err.value.body["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as o_err:
-        openai.OpenAI(base_url=gw + "/v1", api_key=KEY).responses.create(model="kimi", input="hi",
-                                                                        max_output_tokens=huge)
+        openai.OpenAI(base_url=gw + "/v1", api_key=KEY).responses.create(
+            model="kimi", input="hi", max_output_tokens=huge
+        )
     assert o_err.value.body["message"] and "object" not in o_err.value.body
-    r = httpx.post(gw + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
-                   json={"model": "kimi", "max_tokens": huge, "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        gw + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {KEY}"},
+        json={"model": "kimi", "max_tokens": huge, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 400 and set(r.json()) == {"error"} and r.json()["error"]["type"] == "invalid_request_error"
     assert r.json()["error"]["code"] == "context_length_exceeded"
 
 
-def _hold(url: str, body: dict[str, Any], headers: dict[str, str], started: threading.Event,
-          leave: threading.Event) -> None:
+def _hold(
+    url: str, body: dict[str, Any], headers: dict[str, str], started: threading.Event, leave: threading.Event
+) -> None:
     with httpx.stream("POST", url, json=body, headers=headers, timeout=30) as r:
         assert r.status_code == 200
         for _ in r.iter_raw():
@@ -182,9 +236,15 @@ def _hold(url: str, body: dict[str, Any], headers: dict[str, str], started: thre
                 return
 
 
-LONG = {"responses": {"model": "kimi", "input": "Write a long essay.", "stream": True},
-        "messages": {"model": "kimi", "max_tokens": 8000, "stream": True,
-                     "messages": [{"role": "user", "content": "Write a long essay."}]}}
+LONG = {
+    "responses": {"model": "kimi", "input": "Write a long essay.", "stream": True},
+    "messages": {
+        "model": "kimi",
+        "max_tokens": 8000,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Write a long essay."}],
+    },
+}
 
 
 @pytest.mark.parametrize("surface", ["responses", "messages"])
@@ -225,8 +285,11 @@ def test_team_limit_then_disconnect_frees_the_slot_and_the_upstream(stack: tuple
 @pytest.mark.parametrize("surface", ["responses", "messages"])
 def test_spans_as_for_chat(stack: tuple[str, str], receiver: OtlpReceiver, surface: str) -> None:
     gw, _ = stack
-    body = {**LONG[surface], "input": "hi"} if surface == "responses" else {
-        **LONG[surface], "messages": [{"role": "user", "content": "hi"}]}
+    body = (
+        {**LONG[surface], "input": "hi"}
+        if surface == "responses"
+        else {**LONG[surface], "messages": [{"role": "user", "content": "hi"}]}
+    )
     with httpx.stream("POST", f"{gw}/v1/{surface}", json=body, headers={"x-api-key": KEY}, timeout=30) as r:
         rid = r.headers["x-request-id"]
         r.read()
@@ -247,11 +310,16 @@ def test_previous_response_id_on_another_replica_sharing_redis(redis_url: str, t
         cfg = write_config(tmp_path / "c.yaml", [twin], redis_url=redis_url)
         with run_gateway("--config", cfg) as a, run_gateway("--config", cfg) as b:
             first = openai.OpenAI(base_url=a + "/v1", api_key=KEY).responses.create(
-                model="kimi", input="Look at the project.", tools=TOOLS)
+                model="kimi", input="Look at the project.", tools=TOOLS
+            )
             call = next(o for o in first.output if o.type == "function_call")
             other = openai.OpenAI(base_url=b + "/v1", api_key=KEY)
-            with other.responses.stream(model="kimi", previous_response_id=first.id, tools=TOOLS, input=[
-                    {"type": "function_call_output", "call_id": call.call_id, "output": "# demo"}]) as stream:
+            with other.responses.stream(
+                model="kimi",
+                previous_response_id=first.id,
+                tools=TOOLS,
+                input=[{"type": "function_call_output", "call_id": call.call_id, "output": "# demo"}],
+            ) as stream:
                 second = stream.get_final_response()
             assert second.output_text and second.usage is not None
             assert second.usage.input_tokens_details.cached_tokens > 0
@@ -265,8 +333,7 @@ def test_a_long_wait_opens_the_stream_then_a_refusal_is_one_event(tmp_path: Path
     """Past ``queue_open_after_s`` a waiting stream gets 200 and keep-alives (``ping`` on Messages);
     its queue timeout then arrives as one in-stream error event in the surface's shape."""
     with run_twin("tiny", time_scale=1.0, model="kimi", stream_interval_s=0.01, abort_delay_s=0.0) as twin:
-        cfg = write_config(tmp_path / "c.yaml", [twin], queue_open_after_s=0.3,
-                           upstream={"sse_keepalive_s": 0.2})
+        cfg = write_config(tmp_path / "c.yaml", [twin], queue_open_after_s=0.3, upstream={"sse_keepalive_s": 0.2})
         data = yaml.safe_load(Path(cfg).read_text())
         data["teams"]["tight"] = {"max_concurrency": 1, "max_queue": 2, "queue_timeout_s": 1.0}
         Path(cfg).write_text(yaml.safe_dump(data))
@@ -291,7 +358,7 @@ def test_a_long_wait_opens_the_stream_then_a_refusal_is_one_event(tmp_path: Path
     else:
         assert events[0] == b": keepalive"
         name, data = events[-1].split(b"\n")
-        error = orjson.loads(data[len(b"data: "):])
+        error = orjson.loads(data[len(b"data: ") :])
         assert name == b"event: error" and error["type"] == "error" and error["code"] == "queue_timeout"
 
 

@@ -45,8 +45,16 @@ def test_quick_start_flags() -> None:
     assert "default" in config.teams
 
 
-@pytest.mark.parametrize("text", ["models: {m: {backends: [{url: ftp://x}]}}", "unknown_field: 1",
-                                  "keys: [{sha256: abc}]", "teams: {a: {max_concurrency: -1}}", "- a list"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "models: {m: {backends: [{url: ftp://x}]}}",
+        "unknown_field: 1",
+        "keys: [{sha256: abc}]",
+        "teams: {a: {max_concurrency: -1}}",
+        "- a list",
+    ],
+)
 def test_invalid_config_is_rejected(tmp_path: Path, text: str) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(text)
@@ -80,8 +88,11 @@ def test_usage_injection_only_when_client_did_not_ask() -> None:
     req = parse(b'{"model": "a", "stream": true, "messages": [{"role": "user", "content": "hi"}]}', "chat")
     body, injected = upstream_body(req, "served")
     assert injected and b'"include_usage":true' in body and b'"model":"served"' in body
-    req = parse(b'{"model": "a", "stream": true, "stream_options": {"include_usage": true},'
-                b' "messages": [{"role": "user", "content": "hi"}]}', "chat")
+    req = parse(
+        b'{"model": "a", "stream": true, "stream_options": {"include_usage": true},'
+        b' "messages": [{"role": "user", "content": "hi"}]}',
+        "chat",
+    )
     assert upstream_body(req, "served")[1] is False
     req = parse(b'{"model": "a", "messages": [{"role": "user", "content": "hi"}]}', "chat")
     body, injected = upstream_body(req, "served", rank=3)
@@ -98,17 +109,26 @@ def test_completions_prompt_checks() -> None:
 
 
 def test_workers_without_redis_refuse_to_start() -> None:
-    proc = subprocess.run([*CACHEGATE, "serve", "--workers", "2", "--backend", "http://127.0.0.1:9",
-                           "--model", "m"], cwd=ROOT, capture_output=True, text=True, timeout=30,
-                          env={"PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [*CACHEGATE, "serve", "--workers", "2", "--backend", "http://127.0.0.1:9", "--model", "m"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode != 0 and "needs Redis" in proc.stderr
 
 
 def test_aliases_exact_then_patterns_and_targets_checked() -> None:
     from gateway.config import Config
 
-    cfg = Config.model_validate({"models": {"kimi": {}, "small": {}},
-                                 "aliases": {"claude-haiku-4-5": "small", "claude-*": "kimi", "gpt-?": "kimi"}})
+    cfg = Config.model_validate(
+        {
+            "models": {"kimi": {}, "small": {}},
+            "aliases": {"claude-haiku-4-5": "small", "claude-*": "kimi", "gpt-?": "kimi"},
+        }
+    )
     assert cfg.resolve_model("kimi") == "kimi"
     assert cfg.resolve_model("claude-haiku-4-5") == "small"  # the exact name wins over the pattern
     assert cfg.resolve_model("claude-sonnet-4-6") == "kimi"
@@ -129,6 +149,10 @@ def test_surface_mode_per_backend() -> None:
     auto.routes = frozenset({"/v1/chat/completions", "/v1/responses"})
     assert auto.mode("responses", "/v1/responses") == "passthrough"
     assert auto.mode("messages", "/v1/messages") == "translate"
-    own = Backend("kimi", BackendConfig(url="http://a:1", surfaces={"responses": "translate"}), "kimi",
-                  model_surfaces={"responses": "passthrough"})
+    own = Backend(
+        "kimi",
+        BackendConfig(url="http://a:1", surfaces={"responses": "translate"}),
+        "kimi",
+        model_surfaces={"responses": "passthrough"},
+    )
     assert own.mode("responses", "/v1/responses") == "translate"  # the backend's own setting wins

@@ -23,10 +23,11 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     with spawn_twin("tiny", time_scale=0.05) as twin:
         config = Path(tmp_path_factory.mktemp("cfg")) / "cachegate.yaml"
         config.write_text(
-            f"models:\n  m: {{upstream_model: moonshotai/Kimi-K2-Instruct, backends: [{{url: \"{twin}\"}}]}}\n"
+            f'models:\n  m: {{upstream_model: moonshotai/Kimi-K2-Instruct, backends: [{{url: "{twin}"}}]}}\n'
             "server: {header_timeout_s: 1.5, body_idle_timeout_s: 1.5, max_header_bytes: 8192, max_headers: 50}\n"
             f"endpoints: {{require_key: true, metrics_port: {metrics_port}}}\n"
-            "health: {interval_s: 0.5}\n")
+            "health: {interval_s: 0.5}\n"
+        )
         with run_gateway("--config", str(config), "--api-key", "key-a=a", ready_path="/healthz") as url:
             deadline = time.monotonic() + 15  # until the twin is in rotation
             while httpx.get(url + "/readyz").status_code != 200 and time.monotonic() < deadline:
@@ -84,9 +85,12 @@ def test_auth_edges(gw: tuple[str, int]) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     assert httpx.post(url + "/v1/chat/completions", json=body, headers={"api-key": "key-a"}).status_code == 200
     raw = orjson.dumps(body)
-    answer, _ = _raw(url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \r\n"
-                          b"x-api-key: key-a\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                          b"content-length: %d\r\n\r\n%s" % (len(raw), raw))
+    answer, _ = _raw(
+        url,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \r\n"
+        b"x-api-key: key-a\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(raw), raw),
+    )
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]  # the empty Bearer does not hide x-api-key
     wrong = httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer nope"})
     assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"

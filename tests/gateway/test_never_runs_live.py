@@ -30,6 +30,7 @@ async def _ready(app: Any) -> tuple[int, int]:
 
 def test_never_runs_in_each_surface_envelope() -> None:
     with run_twin("tiny", time_scale=0.01, model=SERVED, kv_tokens=20_000) as twin:
+
         async def main() -> None:
             async with running(config(twin)) as (app, client):
                 window, kv = await _ready(app)
@@ -42,8 +43,10 @@ def test_never_runs_in_each_surface_envelope() -> None:
                     ("/v1/responses", {"model": "kimi", "input": "hi", "max_output_tokens": HUGE}),
                     ("/v1/messages", {"model": "kimi", "messages": USER, "max_tokens": HUGE}),
                     # a prompt past the KV cache (high_water · 20k tokens), with a small max_tokens
-                    ("/v1/chat/completions", {"model": "kimi", "max_tokens": 8,
-                                              "messages": [{"role": "user", "content": "word " * kv}]}),
+                    (
+                        "/v1/chat/completions",
+                        {"model": "kimi", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * kv}]},
+                    ),
                 ]
                 for path, body in cases:
                     started = time.perf_counter()
@@ -64,8 +67,7 @@ def test_never_runs_in_each_surface_envelope() -> None:
                 # nothing was queued or seated: a normal request goes through at once
                 snap = app.state.gateway.core.snapshot()
                 assert snap["waiting"] == 0 and snap["running"] == 0 and before == 0
-                r = await client.post("/v1/chat/completions", json={"model": "kimi", "messages": USER,
-                                                                    "max_tokens": 4})
+                r = await client.post("/v1/chat/completions", json={"model": "kimi", "messages": USER, "max_tokens": 4})
                 assert r.status_code == 200, r.text[:300]
 
         asyncio.run(main())

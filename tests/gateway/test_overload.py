@@ -19,8 +19,8 @@ from backends.failures import backend_fault, stream_fault
 from gateway.config import OverloadConfig
 from gateway.overload import Overload
 from tests.fake_upstream import FakeUpstream, script_events
-from tests.harness import run_gateway
 from tests.gateway.test_proxy import write_config
+from tests.harness import run_gateway
 
 BODY = {"model": "kimi", "stream": True, "messages": [{"role": "user", "content": "hello"}]}
 
@@ -66,9 +66,12 @@ def _check(results: list[tuple[int, dict[str, str], bytes]], healthy: list[bool]
 def test_full_connection_budget_sheds_and_never_ejects(tmp_path: Path) -> None:
     up = FakeUpstream(chunk_delay_s=0.15)
     with up.running():
-        cfg = write_config(tmp_path / "c.yaml", up.url,
-                           upstream={"max_connections": 1, "connect_timeout_s": 0.3},
-                           health={"interval_s": 0.1, "load_interval_s": 0.1, "failures_to_eject": 1})
+        cfg = write_config(
+            tmp_path / "c.yaml",
+            up.url,
+            upstream={"max_connections": 1, "connect_timeout_s": 0.3},
+            health={"interval_s": 0.1, "load_interval_s": 0.1, "failures_to_eject": 1},
+        )
         with run_gateway("--config", cfg) as base:
             expected = b"".join(script_events("plain", include_usage=False))
             results, healthy = _drive(base, 4, f"127.0.0.1:{up.port}")
@@ -111,15 +114,18 @@ def test_sustained_lag_sheds_a_single_slow_tick_does_not() -> None:
     assert b'"overloaded_error"' in body and (b"retry-after", b"1") in headers
 
 
-@pytest.mark.parametrize(("exc", "lagging", "kind"), [
-    (httpx.PoolTimeout("full"), False, None),
-    (httpx.ConnectTimeout("slow"), True, None),
-    (httpx.ConnectTimeout("slow"), False, "timeout"),
-    (httpx.ReadTimeout("silent"), True, None),
-    (httpx.ReadTimeout("silent"), False, "timeout"),
-    (httpx.ConnectError("refused"), True, "connect"),
-    (httpx.RemoteProtocolError("reset"), False, "stream_broken"),
-])
+@pytest.mark.parametrize(
+    ("exc", "lagging", "kind"),
+    [
+        (httpx.PoolTimeout("full"), False, None),
+        (httpx.ConnectTimeout("slow"), True, None),
+        (httpx.ConnectTimeout("slow"), False, "timeout"),
+        (httpx.ReadTimeout("silent"), True, None),
+        (httpx.ReadTimeout("silent"), False, "timeout"),
+        (httpx.ConnectError("refused"), True, "connect"),
+        (httpx.RemoteProtocolError("reset"), False, "stream_broken"),
+    ],
+)
 def test_only_the_backends_own_failures_count(exc: Exception, lagging: bool, kind: str | None) -> None:
     assert backend_fault(exc, lagging=lagging) == kind
 

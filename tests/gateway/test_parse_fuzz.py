@@ -17,15 +17,29 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12,
 )
-message = st.fixed_dictionaries({}, optional={"role": json_values | st.sampled_from(["user", "assistant", "tool"]),
-                                              "content": json_values, "tool_calls": json_values,
-                                              "name": json_values, "tool_call_id": json_values})
-bodies = st.fixed_dictionaries({}, optional={
-    "model": st.sampled_from(["kimi", ""]) | json_values,
-    "messages": st.lists(message | json_values, max_size=4) | json_values,
-    "prompt": json_values, "stream": json_values, "stream_options": json_values, "max_tokens": json_values,
-    "max_completion_tokens": json_values, "tools": json_values,
-})
+message = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": json_values | st.sampled_from(["user", "assistant", "tool"]),
+        "content": json_values,
+        "tool_calls": json_values,
+        "name": json_values,
+        "tool_call_id": json_values,
+    },
+)
+bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.sampled_from(["kimi", ""]) | json_values,
+        "messages": st.lists(message | json_values, max_size=4) | json_values,
+        "prompt": json_values,
+        "stream": json_values,
+        "stream_options": json_values,
+        "max_tokens": json_values,
+        "max_completion_tokens": json_values,
+        "tools": json_values,
+    },
+)
 
 
 @pytest.mark.slow  # > 5 s here

@@ -20,8 +20,12 @@ KEY = "sk-test-platform"
 
 
 def write_config(path: Path, *urls: str, **extra: object) -> str:
-    config = {"models": {"kimi": {"upstream_model": SERVED, "backends": [{"url": u} for u in urls]}},
-              "health": {"interval_s": 0.2, "load_interval_s": 0.5}, "policy": "direct", **extra}
+    config = {
+        "models": {"kimi": {"upstream_model": SERVED, "backends": [{"url": u} for u in urls]}},
+        "health": {"interval_s": 0.2, "load_interval_s": 0.5},
+        "policy": "direct",
+        **extra,
+    }
     path.write_text(yaml.safe_dump(config))
     return str(path)
 
@@ -35,8 +39,9 @@ def upstream() -> Iterator[FakeUpstream]:
 
 @pytest.fixture(scope="module")
 def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    cfg = write_config(tmp_path_factory.mktemp("cfg") / "c.yaml", upstream.url, max_body_bytes=4096,
-                       upstream={"idle_timeout_s": 1.0})
+    cfg = write_config(
+        tmp_path_factory.mktemp("cfg") / "c.yaml", upstream.url, max_body_bytes=4096, upstream={"idle_timeout_s": 1.0}
+    )
     with run_gateway("--config", cfg, "--api-key", f"{KEY}=platform") as base:
         yield base
 
@@ -56,16 +61,16 @@ def test_non_stream_with_openai_sdk(client: openai.OpenAI, upstream: FakeUpstrea
 
 
 def test_stream_with_openai_sdk(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(model="kimi", messages=[{"role": "user", "content": "hi"}],
-                                            stream=True)
+    stream = client.chat.completions.create(model="kimi", messages=[{"role": "user", "content": "hi"}], stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == "Hello, world!"
 
 
 def test_stream_bytes_identical_and_injected_usage_stripped(gateway: str, upstream: FakeUpstream) -> None:
     body = {"model": "kimi", "stream": True, "messages": [{"role": "user", "content": "think"}]}
-    with httpx.stream("POST", gateway + "/v1/chat/completions", json=body,
-                      headers={"authorization": f"Bearer {KEY}"}) as response:
+    with httpx.stream(
+        "POST", gateway + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {KEY}"}
+    ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.headers["cache-control"] == "no-cache"
         assert response.headers["x-accel-buffering"] == "no"
@@ -78,10 +83,13 @@ def test_stream_bytes_identical_and_injected_usage_stripped(gateway: str, upstre
 
 
 def test_client_usage_chunk_passes_byte_for_byte(gateway: str, upstream: FakeUpstream) -> None:
-    body = {"model": "kimi", "stream": True, "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": "hello"}]}
-    with httpx.stream("POST", gateway + "/v1/chat/completions", json=body,
-                      headers={"x-api-key": KEY}) as response:
+    body = {
+        "model": "kimi",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "hello"}],
+    }
+    with httpx.stream("POST", gateway + "/v1/chat/completions", json=body, headers={"x-api-key": KEY}) as response:
         received = b"".join(response.iter_raw())
     assert received == b"".join(upstream.sent)
     assert received == b"".join(script_events("plain", include_usage=True))
@@ -89,9 +97,12 @@ def test_client_usage_chunk_passes_byte_for_byte(gateway: str, upstream: FakeUps
 
 def test_tool_calls_and_reasoning_deltas_intact(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model="kimi", stream=True, stream_options={"include_usage": True},
+        model="kimi",
+        stream=True,
+        stream_options={"include_usage": True},
         messages=[{"role": "user", "content": "use a tool"}],
-        tools=[{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}])
+        tools=[{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}],
+    )
     chunks = list(stream)
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert calls[0].id == "functions.read_file:0" and calls[0].function.name == "read_file"
@@ -105,9 +116,10 @@ def _raw_post(base: str, body: dict[str, object]) -> socket.socket:
     host, port = base.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)))
     payload = orjson.dumps(body)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                 b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(payload)
-                 + payload)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload
+    )
     return sock
 
 
@@ -158,14 +170,14 @@ GOOD = [{"role": "user", "content": "hi"}]
         ({"model": "kimi", "messages": GOOD, "stream": "yes"}, None, 400, "invalid_request", "stream"),
         ({"model": "kimi", "messages": GOOD, "max_tokens": "many"}, None, 400, "invalid_request", "max_tokens"),
         ({"model": "kimi", "messages": GOOD, "max_tokens": 0}, None, 400, "invalid_request", "max_tokens"),
-        ({"model": "kimi", "messages": GOOD, "stream_options": 1}, None, 400, "invalid_request",
-         "stream_options"),
+        ({"model": "kimi", "messages": GOOD, "stream_options": 1}, None, 400, "invalid_request", "stream_options"),
         ({"model": 5, "messages": GOOD}, None, 400, "invalid_request", "model"),
         ({"model": "nope", "messages": GOOD}, None, 404, "model_not_found", "model"),
     ],
 )
-def test_bad_requests_get_openai_envelope(gateway: str, body: object, raw: bytes | None, status: int, code: str,
-                                         param: str | None) -> None:
+def test_bad_requests_get_openai_envelope(
+    gateway: str, body: object, raw: bytes | None, status: int, code: str, param: str | None
+) -> None:
     response = _post(gateway, body, raw=raw)
     assert response.status_code == status
     error = response.json()["error"]
@@ -190,12 +202,16 @@ def test_oversized_chunked_body_is_413(gateway: str) -> None:
     assert response.status_code == 413
 
 
-@pytest.mark.parametrize(("headers", "code"), [({}, "missing_api_key"),
-                                               ({"authorization": "Bearer wrong"}, "invalid_api_key"),
-                                               ({"x-api-key": "wrong"}, "invalid_api_key")])
+@pytest.mark.parametrize(
+    ("headers", "code"),
+    [
+        ({}, "missing_api_key"),
+        ({"authorization": "Bearer wrong"}, "invalid_api_key"),
+        ({"x-api-key": "wrong"}, "invalid_api_key"),
+    ],
+)
 def test_bad_keys_are_401(gateway: str, headers: dict[str, str], code: str) -> None:
-    response = httpx.post(gateway + "/v1/chat/completions", json={"model": "kimi", "messages": GOOD},
-                          headers=headers)
+    response = httpx.post(gateway + "/v1/chat/completions", json={"model": "kimi", "messages": GOOD}, headers=headers)
     assert response.status_code == 401 and response.json()["error"]["code"] == code
 
 
@@ -221,8 +237,9 @@ def test_upstream_error_is_reshaped_with_its_status(gateway: str, upstream: Fake
         upstream.error_status = None
     assert response.status_code == 400
     # SGLang's flat {"object": "error", ...} becomes the OpenAI envelope the README promises
-    assert response.json() == {"error": {"message": "scripted failure", "type": "invalid_request_error",
-                                         "param": None, "code": None}}
+    assert response.json() == {
+        "error": {"message": "scripted failure", "type": "invalid_request_error", "param": None, "code": None}
+    }
     assert httpx.get(gateway + "/readyz").status_code == 200, "a 4xx never takes a backend out"
 
 
@@ -290,8 +307,9 @@ def test_backend_api_key_is_sent_upstream(tmp_path: Path) -> None:
     with up.running():
         config = {"models": {"kimi": {"backends": [{"url": up.url, "api_key_env": "UPSTREAM_KEY"}]}}}
         (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-        with run_gateway("--config", str(tmp_path / "c.yaml"), "--api-key", "client-key",
-                         env={"UPSTREAM_KEY": "sglang-secret"}) as base:
+        with run_gateway(
+            "--config", str(tmp_path / "c.yaml"), "--api-key", "client-key", env={"UPSTREAM_KEY": "sglang-secret"}
+        ) as base:
             assert _post(base, {"model": "kimi", "messages": GOOD}, key="client-key").status_code == 200
         headers = up.requests[-1]["headers"]
         assert headers["authorization"] == "Bearer sglang-secret"

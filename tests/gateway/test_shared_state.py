@@ -45,10 +45,15 @@ def config(path: Path, twin: str, redis_url: str | None, **team: object) -> str:
 
 
 def stream(base: str, i: int, max_tokens: int = 60) -> int:
-    body = {"model": "kimi", "stream": True, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": f"conversation {i}: " + "x" * 2000}]}
-    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=60,
-                      headers={"authorization": f"Bearer {KEY}"}) as response:
+    body = {
+        "model": "kimi",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": f"conversation {i}: " + "x" * 2000}],
+    }
+    with httpx.stream(
+        "POST", base + "/v1/chat/completions", json=body, timeout=60, headers={"authorization": f"Bearer {KEY}"}
+    ) as response:
         body_bytes = b"".join(response.iter_raw())
     assert response.status_code != 200 or body_bytes.endswith(b"data: [DONE]\n\n")
     return response.status_code
@@ -97,13 +102,15 @@ def _quiet(fn: object, *args: object) -> None:
 
 
 @pytest.mark.slow  # > 5 s here
-def test_redis_outage_degrades_and_recovers_without_failures(twin: str, redis_server: RedisServer,
-                                                            tmp_path: Path) -> None:
+def test_redis_outage_degrades_and_recovers_without_failures(
+    twin: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
     cfg = config(tmp_path / "c.yaml", twin, redis_server.url)
     results: list[int] = []
     modes: set[str] = set()
     stop = threading.Event()
     with run_gateway("--config", cfg) as base:
+
         def load(worker: int) -> None:
             i = 0
             while not stop.is_set():
@@ -200,8 +207,9 @@ def test_without_redis_each_replica_enforces_its_share(twin: str, redis_server: 
         assert 2 <= seen <= 4, f"two replicas with half of the limit of 4 each let {seen} through at once"
 
 
-def test_two_gateways_hold_the_limit_across_redis_restarts_and_a_flush(twin: str, redis_server: RedisServer,
-                                                                     tmp_path: Path) -> None:
+def test_two_gateways_hold_the_limit_across_redis_restarts_and_a_flush(
+    twin: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
     cfg = config(tmp_path / "c.yaml", twin, redis_server.url)
     results: list[int] = []
     stop = threading.Event()

@@ -85,15 +85,25 @@ class OtlpReceiver:
             resource = {kv.key: _value(kv.value) for kv in rs.resource.attributes}
             for ss in rs.scope_spans:
                 for s in ss.spans:
-                    decoded.append({
-                        "name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
-                        "parent": s.parent_span_id.hex(), "kind": s.kind, "resource": resource,
-                        "attrs": {kv.key: _value(kv.value) for kv in s.attributes},
-                        "events": [(e.name, {kv.key: _value(kv.value) for kv in e.attributes}, e.time_unix_nano)
-                                   for e in s.events],
-                        "status": s.status.code, "status_message": s.status.message,
-                        "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
-                    })
+                    decoded.append(
+                        {
+                            "name": s.name,
+                            "trace_id": s.trace_id.hex(),
+                            "span_id": s.span_id.hex(),
+                            "parent": s.parent_span_id.hex(),
+                            "kind": s.kind,
+                            "resource": resource,
+                            "attrs": {kv.key: _value(kv.value) for kv in s.attributes},
+                            "events": [
+                                (e.name, {kv.key: _value(kv.value) for kv in e.attributes}, e.time_unix_nano)
+                                for e in s.events
+                            ],
+                            "status": s.status.code,
+                            "status_message": s.status.message,
+                            "start": s.start_time_unix_nano,
+                            "end": s.end_time_unix_nano,
+                        }
+                    )
         with self.lock:
             self.posts += 1
             self.spans.extend(decoded)
@@ -153,13 +163,20 @@ def twin() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def gateway(receiver: OtlpReceiver, twin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     path: Path = tmp_path_factory.mktemp("tel") / "c.yaml"
-    path.write_text(yaml.safe_dump({
-        "models": {"kimi": {"upstream_model": DEFAULT_MODEL, "backends": [{"url": twin, "name": "twin-a"}]}},
-        "health": {"interval_s": 0.2, "load_interval_s": 0.2},
-        "telemetry": {"otlp_endpoint": None, "service_name": "cachegate-test", "sample_ratio": 1.0},
-    }))
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50",
-           "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test"}
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "models": {"kimi": {"upstream_model": DEFAULT_MODEL, "backends": [{"url": twin, "name": "twin-a"}]}},
+                "health": {"interval_s": 0.2, "load_interval_s": 0.2},
+                "telemetry": {"otlp_endpoint": None, "service_name": "cachegate-test", "sample_ratio": 1.0},
+            }
+        )
+    )
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test",
+    }
     with run_gateway("--config", str(path), env=env) as base:
         yield base
 
@@ -169,8 +186,9 @@ def _chat(prompt: str, **extra: Any) -> dict[str, Any]:
 
 
 def _stream(base: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[str, bytes]:
-    with httpx.stream("POST", base + "/v1/chat/completions", json={**body, "stream": True},
-                      headers=headers or {}, timeout=30) as r:
+    with httpx.stream(
+        "POST", base + "/v1/chat/completions", json={**body, "stream": True}, headers=headers or {}, timeout=30
+    ) as r:
         assert r.status_code == 200, r.read()
         return r.headers["x-request-id"], b"".join(r.iter_raw())
 
@@ -258,8 +276,9 @@ def test_errors_set_span_status(gateway: str, receiver: OtlpReceiver) -> None:
     assert not [s for s in spans if s["kind"] == KIND_CLIENT]
 
     # Two prompts in one completion request: the engine itself (the twin) refuses it (a 400 from upstream).
-    r = httpx.post(gateway + "/v1/completions", json={"model": "kimi", "prompt": ["a", "b"], "max_tokens": 4},
-                   timeout=30)
+    r = httpx.post(
+        gateway + "/v1/completions", json={"model": "kimi", "prompt": ["a", "b"], "max_tokens": 4}, timeout=30
+    )
     assert r.status_code == 400
     server, spans = receiver.trace_of(r.headers["x-request-id"])
     assert server["status"] == STATUS_ERROR and server["attrs"]["http.response.status_code"] == 400
@@ -317,8 +336,9 @@ def test_config_env_and_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _exporter_url(tel) == "http://t:1/custom"
     tel.shutdown()
     # The config's endpoint wins over every OTEL_* variable.
-    cfg = TelemetryConfig(otlp_endpoint="collector:4318", otlp_headers={"x-token": "t"}, sample_ratio=0.5,
-                          service_name="cg")
+    cfg = TelemetryConfig(
+        otlp_endpoint="collector:4318", otlp_headers={"x-token": "t"}, sample_ratio=0.5, service_name="cg"
+    )
     tel = Telemetry(cfg)
     assert tel.provider is not None and _exporter_url(tel) == "http://collector:4318/v1/traces"
     assert tel.provider.resource.attributes["service.name"] == "cg"

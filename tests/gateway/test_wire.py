@@ -57,8 +57,14 @@ def client(**kw: Any) -> WireClient:
     return WireClient(**args)
 
 
-EVENTS = [chunk({"role": "assistant", "content": ""}), chunk({"content": "Hello"}), chunk({"reasoning_content": "hm"}),
-          chunk({}, finish="stop"), chunk(usage=USAGE, choices=False), b"data: [DONE]\n\n"]
+EVENTS = [
+    chunk({"role": "assistant", "content": ""}),
+    chunk({"content": "Hello"}),
+    chunk({"reasoning_content": "hm"}),
+    chunk({}, finish="stop"),
+    chunk(usage=USAGE, choices=False),
+    b"data: [DONE]\n\n",
+]
 BODY = b"".join(EVENTS)
 
 

@@ -35,20 +35,31 @@ def stack(mode: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     kw: dict[str, Any] = {"time_scale": 0.05, "model": "kimi", "stream_interval_s": 0.01, "routes": routes}
     with run_twin("tiny", **kw) as a, run_twin("tiny", **kw) as b:
         path = tmp_path_factory.mktemp(f"gw-{mode}") / "c.yaml"
-        path.write_text(yaml.safe_dump({
-            "models": {"kimi": {"backends": [{"url": a, "name": "twin-a"}, {"url": b, "name": "twin-b"}],
-                                "surfaces": {"responses": "auto", "messages": "auto"}}},
-            "aliases": {"claude-*": "kimi", "gpt-*": "kimi"},
-            "keys": [{"sha256": hash_key(KEY), "team": "default"}],
-            "health": {"interval_s": 0.5, "load_interval_s": 0.5}}))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "models": {
+                        "kimi": {
+                            "backends": [{"url": a, "name": "twin-a"}, {"url": b, "name": "twin-b"}],
+                            "surfaces": {"responses": "auto", "messages": "auto"},
+                        }
+                    },
+                    "aliases": {"claude-*": "kimi", "gpt-*": "kimi"},
+                    "keys": [{"sha256": hash_key(KEY), "team": "default"}],
+                    "health": {"interval_s": 0.5, "load_interval_s": 0.5},
+                }
+            )
+        )
         with run_gateway("--config", str(path)) as gw:
             yield gw, [a, b]
 
 
 def generations(twins: list[str], before: list[int]) -> list[list[dict[str, Any]]]:
     """Per twin, the generations recorded since ``before`` (counts per twin)."""
-    return [[e for e in httpx.get(f"{t}/_twin/requests").json()[n:] if "rid" in e]
-            for t, n in zip(twins, before, strict=True)]
+    return [
+        [e for e in httpx.get(f"{t}/_twin/requests").json()[n:] if "rid" in e]
+        for t, n in zip(twins, before, strict=True)
+    ]
 
 
 def counts(twins: list[str]) -> list[int]:
@@ -88,10 +99,15 @@ def test_claude_code_through_cachegate(stack: tuple[str, list[str]], mode: str, 
     assert run.json["num_turns"] >= 2 and run.json["result"]
     assert run.json["usage"]["cache_read_input_tokens"] > 0
     if mode == "passthrough":  # anthropic-version and anthropic-beta reach the engine
-        posts = [e for t, n in zip(twins, before, strict=True)
-                 for e in httpx.get(f"{t}/_twin/requests").json()[n:] if e.get("method") == "POST"]
-        assert posts and all(e["headers"].get("anthropic-version") == "2023-06-01"
-                             and e["headers"].get("anthropic-beta") for e in posts), posts
+        posts = [
+            e
+            for t, n in zip(twins, before, strict=True)
+            for e in httpx.get(f"{t}/_twin/requests").json()[n:]
+            if e.get("method") == "POST"
+        ]
+        assert posts and all(
+            e["headers"].get("anthropic-version") == "2023-06-01" and e["headers"].get("anthropic-beta") for e in posts
+        ), posts
     gens = one_backend(generations(twins, before))
     expected = "/v1/messages" if mode == "passthrough" else "/v1/chat/completions"
     assert all(g["path"] == expected for g in gens), gens

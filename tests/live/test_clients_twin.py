@@ -89,6 +89,8 @@ def test_an_unreachable_registry_is_a_clear_error(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("npm_config_registry", "http://127.0.0.1:9/")
     monkeypatch.setenv("npm_config_fetch_retries", "0")
     pkg = clients.Package("npm", "left-pad", "1.3.0", "left-pad", "left-pad")
-    with pytest.raises(clients.ClientUnavailable, match=r"could not install left-pad@1\.3\.0 from http://127\.0\.0\.1:9/"):
+    with pytest.raises(
+        clients.ClientUnavailable, match=r"could not install left-pad@1\.3\.0 from http://127\.0\.0\.1:9/"
+    ):
         clients.install(pkg)
     assert not pkg.home.exists()

@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.sim.server import DEFAULT_MODEL
 from backends.sim.testing import run_twin
 from deploy.grafana.generate import all_queries
+from tests.gateway.test_telemetry import OtlpReceiver
 from tests.harness import run_gateway
 from tests.promharness import prometheus
-from tests.gateway.test_telemetry import OtlpReceiver
 
 KEYS = {"default": "sk-live-default", "tight": "sk-live-tight"}
 LOAD_S = 9.0
@@ -37,15 +37,25 @@ KILL_AT_S = 3.5
 
 
 def _config(path: Path, twins: list[str]) -> str:
-    path.write_text(yaml.safe_dump({
-        "models": {"kimi": {"upstream_model": DEFAULT_MODEL,
-                            "backends": [{"url": u, "name": f"twin-{i}"} for i, u in enumerate(twins)]}},
-        # A long health interval: the killed backend is found by the requests sent to it (connect errors).
-        "health": {"interval_s": 30, "load_interval_s": 0.25},
-        "teams": {"default": {"max_concurrency": 8, "max_queue": 32},
-                  "tight": {"max_concurrency": 1, "max_queue": 0, "tokens_per_minute": 3000}},
-        "keys": [{"sha256": hashlib.sha256(k.encode()).hexdigest(), "team": t} for t, k in KEYS.items()],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "models": {
+                    "kimi": {
+                        "upstream_model": DEFAULT_MODEL,
+                        "backends": [{"url": u, "name": f"twin-{i}"} for i, u in enumerate(twins)],
+                    }
+                },
+                # A long health interval: the killed backend is found by the requests sent to it (connect errors).
+                "health": {"interval_s": 30, "load_interval_s": 0.25},
+                "teams": {
+                    "default": {"max_concurrency": 8, "max_queue": 32},
+                    "tight": {"max_concurrency": 1, "max_queue": 0, "tokens_per_minute": 3000},
+                },
+                "keys": [{"sha256": hashlib.sha256(k.encode()).hexdigest(), "team": t} for t, k in KEYS.items()],
+            }
+        )
+    )
     return str(path)
 
 
@@ -62,13 +72,15 @@ class Load:
         headers = {"authorization": f"Bearer {KEYS[team]}"}
         try:
             if body.get("stream"):
-                with httpx.stream("POST", self.base + "/v1/chat/completions", json=body, headers=headers,
-                                  timeout=30) as r:
+                with httpx.stream(
+                    "POST", self.base + "/v1/chat/completions", json=body, headers=headers, timeout=30
+                ) as r:
                     r.read()
                     status = r.status_code
             else:
-                status = httpx.post(self.base + "/v1/chat/completions", json=body, headers=headers,
-                                    timeout=30).status_code
+                status = httpx.post(
+                    self.base + "/v1/chat/completions", json=body, headers=headers, timeout=30
+                ).status_code
         except httpx.HTTPError:
             status = -1
         with self.lock:
@@ -98,15 +110,18 @@ class Load:
     def rejected(self) -> None:
         """Requests the engine refuses (prompt plus max_tokens past its context length): a 400 upstream."""
         while not self.stop.wait(0.7):
-            self._post("default", {"model": "kimi", "messages": [{"role": "user", "content": "x"}],
-                                   "max_tokens": 300_000})
+            self._post(
+                "default", {"model": "kimi", "messages": [{"role": "user", "content": "x"}], "max_tokens": 300_000}
+            )
 
     def scatter(self) -> None:
         """Fresh prompts (no shared prefix), spread over every backend, the dead one included."""
         i = 0
         while not self.stop.wait(0.15):
-            self._post("default", {"model": "kimi", "messages": [{"role": "user", "content": f"new topic {i} " * 30}],
-                                   "max_tokens": 8})
+            self._post(
+                "default",
+                {"model": "kimi", "messages": [{"role": "user", "content": f"new topic {i} " * 30}], "max_tokens": 8},
+            )
             i += 1
 
 
@@ -129,12 +144,12 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         stack.enter_context(doomed)
         victim = doomed.enter_context(run_twin("tiny", time_scale=0.02, abort_delay_s=0.2))
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200"}
-        base = stack.enter_context(run_gateway("--config", _config(tmp_path / "c.yaml", [*stable, victim]),
-                                               env=env))
+        base = stack.enter_context(run_gateway("--config", _config(tmp_path / "c.yaml", [*stable, victim]), env=env))
         hostport = lambda url: url.split("://", 1)[1]  # noqa: E731
-        prom = stack.enter_context(prometheus({"cachegate": [hostport(base)],
-                                               "sglang": [hostport(u) for u in (*stable, victim)]}))
-        prom.wait_for('count(up == 1) >= 4', timeout=20)
+        prom = stack.enter_context(
+            prometheus({"cachegate": [hostport(base)], "sglang": [hostport(u) for u in (*stable, victim)]})
+        )
+        prom.wait_for("count(up == 1) >= 4", timeout=20)
 
         start = time.time()
         load = Load(base)
@@ -154,8 +169,9 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         assert {200, 400, 429} <= set(load.statuses), sorted(set(load.statuses))
 
         # Prometheus has scraped the end of the run once it counts every answer.
-        prom.wait_for("sum(cachegate_requests_total)", timeout=10,
-                      predicate=lambda r: bool(r) and float(r[0]["value"][1]) >= sent)
+        prom.wait_for(
+            "sum(cachegate_requests_total)", timeout=10, predicate=lambda r: bool(r) and float(r[0]["value"][1]) >= sent
+        )
 
         empty, nan = [], []
         for uid, title, expr in queries:
@@ -174,14 +190,20 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         assert prom.values('max(cachegate_backend_breaker_state{backend="twin-2"})')[()] >= 1
         connect = prom.values('sum(cachegate_upstream_errors_total{backend="twin-2",kind="connect"})')
         assert connect[()] >= 1
-        reasons = {dict(k)["reason"] for k, v in prom.values(
-            "sum by (reason) (cachegate_admission_refusals_total)").items() if v > 0}
+        reasons = {
+            dict(k)["reason"]
+            for k, v in prom.values("sum by (reason) (cachegate_admission_refusals_total)").items()
+            if v > 0
+        }
         assert "team_queue_full" in reasons, reasons
         assert prom.values('sum(cachegate_tokens_total{kind="cached"})')[()] > 0
 
         # Exemplars: the TTFT histogram's carry trace ids the collector received.
-        exemplars = [e for series in prom.query_exemplars("cachegate_ttft_seconds_bucket", start - 5, time.time() + 5)
-                     for e in series["exemplars"]]
+        exemplars = [
+            e
+            for series in prom.query_exemplars("cachegate_ttft_seconds_bucket", start - 5, time.time() + 5)
+            for e in series["exemplars"]
+        ]
         assert exemplars, "no TTFT exemplars stored"
         ids = {e["labels"]["trace_id"] for e in exemplars}
         assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)

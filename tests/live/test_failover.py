@@ -47,12 +47,17 @@ def test_killed_backend_is_cut_off_streams_end_cleanly_and_it_comes_back(tmp_pat
     with spawn_twin("tiny") as t0, spawn_twin("tiny") as t1, spawn_twin("tiny") as t2:
         dead_port = int(t0.rsplit(":", 1)[1])
         cfg = tmp_path / "c.yaml"
-        cfg.write_text(yaml.safe_dump({
-            "models": {"kimi": {"upstream_model": MODEL, "backends": [{"url": str(u)} for u in (t0, t1, t2)]}},
-            "health": {"interval_s": 0.3, "load_interval_s": 0.5, "timeout_s": 1.0},
-            "teams": {"default": {"max_concurrency": 64, "max_queue": 256}},
-        }))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "models": {"kimi": {"upstream_model": MODEL, "backends": [{"url": str(u)} for u in (t0, t1, t2)]}},
+                    "health": {"interval_s": 0.3, "load_interval_s": 0.5, "timeout_s": 1.0},
+                    "teams": {"default": {"max_concurrency": 64, "max_queue": 256}},
+                }
+            )
+        )
         with run_gateway("--config", str(cfg)) as base:
+
             def worker(w: int) -> None:
                 n = 0
                 with httpx.Client(timeout=30) as client:
@@ -61,14 +66,19 @@ def test_killed_backend_is_cut_off_streams_end_cleanly_and_it_comes_back(tmp_pat
                         messages = [{"role": "user", "content": f"worker {w} task {n}: " + "x" * 1500}]
                         for _ in range(2):  # a two-turn conversation, then a new one
                             start = time.monotonic()
-                            with client.stream("POST", base + "/v1/chat/completions",
-                                               json={"model": "kimi", "stream": True, "max_tokens": 120,
-                                                     "messages": messages}) as r:
+                            with client.stream(
+                                "POST",
+                                base + "/v1/chat/completions",
+                                json={"model": "kimi", "stream": True, "max_tokens": 120, "messages": messages},
+                            ) as r:
                                 body = b"".join(r.iter_raw())
                             turns.append(Turn(start, time.monotonic(), r.status_code, body))
                             text = b"".join(re.findall(rb'"content":"([^"]*)"', body)).decode()
-                            messages = [*messages, {"role": "assistant", "content": text},
-                                        {"role": "user", "content": "go on " + "y" * 300}]
+                            messages = [
+                                *messages,
+                                {"role": "assistant", "content": text},
+                                {"role": "user", "content": "go on " + "y" * 300},
+                            ]
 
             threads = [threading.Thread(target=worker, args=(w,)) for w in range(9)]
             for t in threads:
@@ -81,20 +91,28 @@ def test_killed_backend_is_cut_off_streams_end_cleanly_and_it_comes_back(tmp_pat
             while time.monotonic() - killed < 5:
                 metrics = httpx.get(base + "/metrics").text
                 # Out of rotation: its breaker opened, or its health checks failed, whichever came first.
-                if opened_at is None and _metric(metrics, "cachegate_backend_healthy",
-                                                 backend=f"127.0.0.1:{dead_port}") == 0:
+                if (
+                    opened_at is None
+                    and _metric(metrics, "cachegate_backend_healthy", backend=f"127.0.0.1:{dead_port}") == 0
+                ):
                     opened_at = time.monotonic()
-                    errors_at_open = _metric(metrics, "cachegate_upstream_errors_total",
-                                             backend=f"127.0.0.1:{dead_port}")
+                    errors_at_open = _metric(
+                        metrics, "cachegate_upstream_errors_total", backend=f"127.0.0.1:{dead_port}"
+                    )
                 time.sleep(0.1)
             assert opened_at is not None and opened_at - killed < 2.0, "the dead backend left rotation"
-            errors_later = _metric(httpx.get(base + "/metrics").text, "cachegate_upstream_errors_total",
-                                   backend=f"127.0.0.1:{dead_port}")
+            errors_later = _metric(
+                httpx.get(base + "/metrics").text, "cachegate_upstream_errors_total", backend=f"127.0.0.1:{dead_port}"
+            )
             assert errors_later == errors_at_open, "no request was sent to the dead backend once out of rotation"
             with spawn_twin("tiny", port=dead_port) as back:
                 deadline = time.monotonic() + 15
-                while _metric(httpx.get(base + "/metrics").text, "cachegate_backend_healthy",
-                              backend=f"127.0.0.1:{dead_port}") != 1:
+                while (
+                    _metric(
+                        httpx.get(base + "/metrics").text, "cachegate_backend_healthy", backend=f"127.0.0.1:{dead_port}"
+                    )
+                    != 1
+                ):
                     assert time.monotonic() < deadline, "the backend never came back into rotation"
                     time.sleep(0.2)
                 time.sleep(3.0)
@@ -112,5 +130,6 @@ def test_killed_backend_is_cut_off_streams_end_cleanly_and_it_comes_back(tmp_pat
         assert error["message"] and error["code"] in ("upstream_stream_broken", "upstream_timeout")
         assert t.body.endswith(b"data: [DONE]\n\n")
     after = [t for t in turns if t.started > killed + 0.5]
-    assert len(after) > 20 and all(t.status == 200 and b'"error"' not in t.body for t in after), \
+    assert len(after) > 20 and all(t.status == 200 and b'"error"' not in t.body for t in after), (
         "the rest of the load continues without errors"
+    )

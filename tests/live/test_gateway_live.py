@@ -19,16 +19,25 @@ MODEL = "moonshotai/Kimi-K2-Instruct"
 
 
 def _config(path: Path, *urls: str, **extra: object) -> str:
-    path.write_text(yaml.safe_dump({"models": {"kimi": {"upstream_model": MODEL,
-                                                         "backends": [{"url": u} for u in urls]}},
-                                    "health": {"interval_s": 0.5, "load_interval_s": 0.5}, **extra}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "models": {"kimi": {"upstream_model": MODEL, "backends": [{"url": u} for u in urls]}},
+                "health": {"interval_s": 0.5, "load_interval_s": 0.5},
+                **extra,
+            }
+        )
+    )
     return str(path)
 
 
 @pytest.mark.slow  # > 5 s here
 def test_conversations_keep_their_backend_and_hit_its_cache(tmp_path: Path) -> None:
-    with run_twin("tiny", model=MODEL) as t0, run_twin("tiny", model=MODEL) as t1, \
-            run_gateway("--config", _config(tmp_path / "c.yaml", t0, t1)) as base:
+    with (
+        run_twin("tiny", model=MODEL) as t0,
+        run_twin("tiny", model=MODEL) as t1,
+        run_gateway("--config", _config(tmp_path / "c.yaml", t0, t1)) as base,
+    ):
         client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
         system = {"role": "system", "content": "You are a careful coding agent. " * 60}
         histories = {c: [system, {"role": "user", "content": f"conversation {c}: " + "q" * 2500}] for c in range(6)}
@@ -45,16 +54,20 @@ def test_conversations_keep_their_backend_and_hit_its_cache(tmp_path: Path) -> N
                 if turn:  # the whole previous prompt is served from the cache (to a 16-token page)
                     assert usage.prompt_tokens_details.cached_tokens >= previous[c] - 16, (c, turn)
                 previous[c] = usage.prompt_tokens
-                messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                             {"role": "user", "content": "tool result: " + "r" * 800}]
+                messages += [
+                    {"role": "assistant", "content": reply.choices[0].message.content},
+                    {"role": "user", "content": "tool result: " + "r" * 800},
+                ]
         assert all(len(backends) == 1 for backends in served.values()), served
         assert len(set().union(*served.values())) == 2, "conversations spread over both backends"
 
 
 def test_refusals_over_http_and_waiting_gets_no_bytes(tmp_path: Path) -> None:
     teams = {"default": {"max_concurrency": 1, "max_queue": 1, "queue_timeout_s": 1.0}}
-    with run_twin("tiny", model=MODEL) as twin, \
-            run_gateway("--config", _config(tmp_path / "c.yaml", twin, teams=teams)) as base:
+    with (
+        run_twin("tiny", model=MODEL) as twin,
+        run_gateway("--config", _config(tmp_path / "c.yaml", twin, teams=teams)) as base,
+    ):
         body = {"model": "kimi", "stream": True, "max_tokens": 200, "messages": [{"role": "user", "content": "long"}]}
         first_started = threading.Event()
         results: dict[str, tuple[int, bytes, dict[str, str], float]] = {}
@@ -91,8 +104,9 @@ def test_dp_backend_turns_are_pinned_to_one_rank(tmp_path: Path) -> None:
     (``routed_dp_rank``), or the server's own round-robin would send them to a rank that holds nothing."""
     with run_twin("b300-dp8-fp8", model=MODEL, time_scale=0.002) as twin:
         cfg = tmp_path / "c.yaml"
-        cfg.write_text(yaml.safe_dump({"models": {"kimi": {"upstream_model": MODEL,
-                                                            "backends": [{"url": twin, "dp_size": 8}]}}}))
+        cfg.write_text(
+            yaml.safe_dump({"models": {"kimi": {"upstream_model": MODEL, "backends": [{"url": twin, "dp_size": 8}]}}})
+        )
         with run_gateway("--config", str(cfg)) as base:
             client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
             for c in range(4):
@@ -105,8 +119,10 @@ def test_dp_backend_turns_are_pinned_to_one_rank(tmp_path: Path) -> None:
                     if turn:
                         assert usage.prompt_tokens_details.cached_tokens >= previous - 64, (c, turn)
                     previous = usage.prompt_tokens
-                    messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                                 {"role": "user", "content": "next " + "n" * 400}]
+                    messages += [
+                        {"role": "assistant", "content": reply.choices[0].message.content},
+                        {"role": "user", "content": "next " + "n" * 400},
+                    ]
         used = [load.num_running_reqs + load.extra.get("cached_tokens", 0) for load in twin_of(twin).engine.loads()]
         assert sum(1 for u in used if u) >= 2, f"conversations spread over several ranks: {used}"
 
@@ -115,10 +131,17 @@ def test_dp_backend_turns_are_pinned_to_one_rank(tmp_path: Path) -> None:
 def test_client_that_leaves_while_waiting_gives_its_place_back(tmp_path: Path) -> None:
     teams = {"default": {"max_concurrency": 1, "max_queue": 4, "queue_timeout_s": 30}}
     admin = {"authorization": "Bearer t0ken"}
-    with run_twin("tiny", model=MODEL) as twin, \
-            run_gateway("--config", _config(tmp_path / "c.yaml", twin, teams=teams), "--admin-token", "t0ken") as base:
-        body = {"model": "kimi", "stream": True, "max_tokens": 400, "ignore_eos": True,
-                "messages": [{"role": "user", "content": "x"}]}
+    with (
+        run_twin("tiny", model=MODEL) as twin,
+        run_gateway("--config", _config(tmp_path / "c.yaml", twin, teams=teams), "--admin-token", "t0ken") as base,
+    ):
+        body = {
+            "model": "kimi",
+            "stream": True,
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": "x"}],
+        }
         started = threading.Event()
 
         def hold() -> None:
@@ -138,7 +161,6 @@ def test_client_that_leaves_while_waiting_gives_its_place_back(tmp_path: Path) -
             time.sleep(0.05)
         holder.join(30)
         assert httpx.get(base + "/admin/teams/default", headers=admin).json()["inflight"] == 0
-        quick = httpx.post(base + "/v1/chat/completions", timeout=30,
-                           json={**body, "stream": False, "max_tokens": 4})
+        quick = httpx.post(base + "/v1/chat/completions", timeout=30, json={**body, "stream": False, "max_tokens": 4})
         assert quick.status_code == 200, "nothing is left holding the team's only slot"
         assert twin_of(twin).max_live == 1, "the request that left never reached the backend"

@@ -22,9 +22,14 @@ def test_two_gateways_agree_on_new_conversations(tmp_path: Path) -> None:
         for up in ups:
             stack.enter_context(up.running())
         cfg = tmp_path / "c.yaml"
-        cfg.write_text(yaml.safe_dump({"models": {"kimi": {"upstream_model": SERVED,
-                                                            "backends": [{"url": u.url} for u in ups]}},
-                                       "policy": "gateway"}))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "models": {"kimi": {"upstream_model": SERVED, "backends": [{"url": u.url} for u in ups]}},
+                    "policy": "gateway",
+                }
+            )
+        )
         a = stack.enter_context(run_gateway("--config", str(cfg)))
         b = stack.enter_context(run_gateway("--config", str(cfg)))
         where: dict[str, int] = {}
@@ -34,9 +39,14 @@ def test_two_gateways_agree_on_new_conversations(tmp_path: Path) -> None:
         client = stack.enter_context(httpx.Client(timeout=30))
 
         def send(base: str, n: int) -> str:
-            body = {"model": "kimi", "max_tokens": 16, "messages": [
-                {"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"task {n}: fix the failing test in module_{n}.py " + "z" * 3000}]}
+            body = {
+                "model": "kimi",
+                "max_tokens": 16,
+                "messages": [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": f"task {n}: fix the failing test in module_{n}.py " + "z" * 3000},
+                ],
+            }
             response = client.post(base + "/v1/chat/completions", json=body)
             assert response.status_code == 200
             return response.headers["x-request-id"]

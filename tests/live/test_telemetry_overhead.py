@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from tests.fake_upstream import SERVED, FakeUpstream
-from tests.harness import run_gateway
 from tests.gateway.test_telemetry import OtlpReceiver
+from tests.harness import run_gateway
 
 BODY = {"model": "kimi", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 8}
 
@@ -41,13 +41,27 @@ def _stack(workdir: Path) -> Iterator[tuple[str, str, OtlpReceiver]]:
         upstream = FakeUpstream()
         stack.enter_context(upstream.running())
         cfg = workdir / "c.yaml"
-        cfg.write_text(yaml.safe_dump({"models": {"kimi": {"upstream_model": SERVED,
-                                                           "backends": [{"url": upstream.url}]}},
-                                       "policy": "direct", "log_level": "warning"}))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "models": {"kimi": {"upstream_model": SERVED, "backends": [{"url": upstream.url}]}},
+                    "policy": "direct",
+                    "log_level": "warning",
+                }
+            )
+        )
         off = stack.enter_context(run_gateway("--config", str(cfg), env={"OTEL_SDK_DISABLED": "true"}))
-        on = stack.enter_context(run_gateway("--config", str(cfg), env={
-            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_TRACES_SAMPLER": "always_on",
-            "OTEL_BSP_SCHEDULE_DELAY": "200"}))
+        on = stack.enter_context(
+            run_gateway(
+                "--config",
+                str(cfg),
+                env={
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+                    "OTEL_TRACES_SAMPLER": "always_on",
+                    "OTEL_BSP_SCHEDULE_DELAY": "200",
+                },
+            )
+        )
         yield off, on, receiver
 
 
@@ -62,8 +76,9 @@ def measure(n: int, workdir: Path) -> dict[str, Any]:
                     r.read()
                 if i >= 10:  # the first ten warm up connections and code paths
                     timings[name].append(time.perf_counter() - t0)
-        servers = receiver.wait(lambda spans: (lambda s: s if len(s) >= n + 10 else None)(
-            [s for s in spans if s["kind"] == 2]), timeout=15)
+        servers = receiver.wait(
+            lambda spans: (lambda s: s if len(s) >= n + 10 else None)([s for s in spans if s["kind"] == 2]), timeout=15
+        )
     out: dict[str, Any] = {"requests": n, "exported_server_spans": len(servers)}
     for name, values in timings.items():
         out[f"{name}_p50_ms"] = 1000 * statistics.median(values)

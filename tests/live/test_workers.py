@@ -75,11 +75,15 @@ def test_two_workers_count_every_request(workers_redis: str, tmp_path: Path) -> 
     (mpdir / "counter_1.db").write_bytes(b"stale")  # a previous run's file: must be wiped at start
     cfg = tmp_path / "c.yaml"
     with run_twin("tiny", time_scale=0.02) as twin:
-        cfg.write_text(yaml.safe_dump({
-            "models": {"kimi": {"upstream_model": DEFAULT_MODEL, "backends": [{"url": twin}]}},
-            "health": {"interval_s": 0.2, "load_interval_s": 0.2},
-            "teams": {"default": {"max_concurrency": 16, "max_queue": 64}},
-        }))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "models": {"kimi": {"upstream_model": DEFAULT_MODEL, "backends": [{"url": twin}]}},
+                    "health": {"interval_s": 0.2, "load_interval_s": 0.2},
+                    "teams": {"default": {"max_concurrency": 16, "max_queue": 64}},
+                }
+            )
+        )
         env = {"PROMETHEUS_MULTIPROC_DIR": str(mpdir)}
         with run_gateway("--config", str(cfg), "--workers", "2", "--redis-url", workers_redis, env=env) as base:
             body = {"model": "kimi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -9,9 +9,30 @@ from tests.harness import ROOT
 
 
 def test_bench_relay_smoke() -> None:
-    out = subprocess.run([sys.executable, "-m", "gateway.cli", "bench", "--streams", "30", "--tokens", "5",
-                          "--interval", "0.02", "--no-router", "--short-seconds", "1", "--short-rate", "50"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "bench",
+            "--streams",
+            "30",
+            "--tokens",
+            "5",
+            "--interval",
+            "0.02",
+            "--no-router",
+            "--short-seconds",
+            "1",
+            "--short-rate",
+            "50",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 30 | cachegate")]
     assert len(rows) == 1, out
     completed, errors, per_chunk = rows[0][2].strip(), rows[0][3].strip(), float(rows[0][5])

@@ -12,12 +12,26 @@ from tests.loadtest.test_report import _check_png
 
 def _live() -> list[dict]:
     rows = []
-    for n, (d, g, dp, gp) in {4: (600e3, 650e3, 0.1, 0.07), 8: (640e3, 1.1e6, 0.2, 0.08),
-                              16: (300e3, 1.5e6, 5.0, 0.1), 32: (140e3, 1.45e6, 14.0, 0.12)}.items():
+    for n, (d, g, dp, gp) in {
+        4: (600e3, 650e3, 0.1, 0.07),
+        8: (640e3, 1.1e6, 0.2, 0.08),
+        16: (300e3, 1.5e6, 5.0, 0.1),
+        32: (140e3, 1.45e6, 14.0, 0.12),
+    }.items():
         for system, tpm, p50 in (("direct", d, dp), ("gateway", g, gp)):
-            rows.append({"system": system, "conversations": n, "total_tpm": tpm, "ttft_p50_s": p50,
-                         "ttft_p95_s": p50 * 4, "completed_rpm": 100.0, "output_tps_p50": 40.0,
-                         "cache_hit_rate": 0.9 if system == "gateway" else 0.3, "max_wait_s": 20.0})
+            rows.append(
+                {
+                    "system": system,
+                    "conversations": n,
+                    "total_tpm": tpm,
+                    "ttft_p50_s": p50,
+                    "ttft_p95_s": p50 * 4,
+                    "completed_rpm": 100.0,
+                    "output_tps_p50": 40.0,
+                    "cache_hit_rate": 0.9 if system == "gateway" else 0.3,
+                    "max_wait_s": 20.0,
+                }
+            )
     return rows
 
 
@@ -27,23 +41,43 @@ def _fullscale() -> dict:
         for pol in ("direct", "gateway"):
             for n in (8, 16, 32, 48, 64):
                 collapsed = prof == "b300-tp8-bf16" and pol == "direct" and n >= 32
-                runs.append({"profile": prof, "policy": pol, "conversations": n,
-                             "total_tpm": 1.2e6 if collapsed else 4.5e6, "ttft_p50_s": 50.0 if collapsed else 0.3,
-                             "ttft_p95_s": 90.0 if collapsed else 2.0, "cache_hit_rate": 0.97})
-    return {"bad_profile": "b300-tp8-bf16", "good_profile": "b300-tp8-fp8-hicache", "good_is_fallback": True,
-            "minutes": 20, "warmup_minutes": 5, "seed": 1, "wall_s": 3.0, "cpu_s": 5.0, "runs": runs,
-            "published": {"bad": published("bad"), "good": published("good")}, "command": "cachegate simulate ..."}
+                runs.append(
+                    {
+                        "profile": prof,
+                        "policy": pol,
+                        "conversations": n,
+                        "total_tpm": 1.2e6 if collapsed else 4.5e6,
+                        "ttft_p50_s": 50.0 if collapsed else 0.3,
+                        "ttft_p95_s": 90.0 if collapsed else 2.0,
+                        "cache_hit_rate": 0.97,
+                    }
+                )
+    return {
+        "bad_profile": "b300-tp8-bf16",
+        "good_profile": "b300-tp8-fp8-hicache",
+        "good_is_fallback": True,
+        "minutes": 20,
+        "warmup_minutes": 5,
+        "seed": 1,
+        "wall_s": 3.0,
+        "cpu_s": 5.0,
+        "runs": runs,
+        "published": {"bad": published("bad"), "good": published("good")},
+        "command": "cachegate simulate ...",
+    }
 
 
 def test_verdict_reads_the_top_level_against_each_peak() -> None:
     v = verdict(_live())
     assert v is not None and v["conversations"] == 32
     assert v["direct"]["of_peak"] == round(140e3 / 640e3, 3) and v["gateway"]["of_peak"] == round(1.45e6 / 1.5e6, 3)
-    assert v["checks"] == {"direct_at_most_half_of_peak": True, "gateway_keeps_85pct_of_peak": True,
-                           "gateway_ttft_p50_at_most_a_fifth": True}
+    assert v["checks"] == {
+        "direct_at_most_half_of_peak": True,
+        "gateway_keeps_85pct_of_peak": True,
+        "gateway_ttft_p50_at_most_a_fifth": True,
+    }
     assert "32 conversations" in v["sentence"] and "10.4x" in v["sentence"] and "14.00 s" in v["sentence"]
-    rows = [dict(r, total_tpm=1.0e6) if r["system"] == "gateway" and r["conversations"] == 32 else r
-            for r in _live()]
+    rows = [dict(r, total_tpm=1.0e6) if r["system"] == "gateway" and r["conversations"] == 32 else r for r in _live()]
     assert verdict(rows)["checks"]["gateway_keeps_85pct_of_peak"] is False  # 1.0M of a 1.5M peak
     assert verdict([r for r in _live() if r["system"] == "direct"]) is None
 

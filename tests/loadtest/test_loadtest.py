@@ -23,8 +23,11 @@ from loadtest.workload import CodingAgent
 @pytest.fixture
 def twin() -> str:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "sim-backend", "--profile", "tiny", "--port",
-                             str(port), "--model", "m"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "sim-backend", "--profile", "tiny", "--port", str(port), "--model", "m"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20
@@ -45,8 +48,9 @@ def twin() -> str:
 
 @pytest.mark.slow
 async def test_conversations_resend_history_and_hit_the_twin_cache(twin: str) -> None:
-    cfg = LiveConfig(base_urls=[twin], model="m", conversations=2, duration_s=4.0, scale=0.032,
-                     think_scale=0.05, system="twin")
+    cfg = LiveConfig(
+        base_urls=[twin], model="m", conversations=2, duration_s=4.0, scale=0.032, think_scale=0.05, system="twin"
+    )
     state = LevelState(2)
     row = await run_level(cfg, state)
     done = [r for r in state.records if r.finish is not None and r.ok]
@@ -67,8 +71,7 @@ async def test_conversations_resend_history_and_hit_the_twin_cache(twin: str) ->
 
 
 async def test_stop_keeps_partial_results(twin: str) -> None:
-    cfg = LiveConfig(base_urls=[twin, twin], model="m", conversations=3, duration_s=30.0, scale=0.032,
-                     think_scale=0.05)
+    cfg = LiveConfig(base_urls=[twin, twin], model="m", conversations=3, duration_s=30.0, scale=0.032, think_scale=0.05)
     stop = asyncio.Event()
     state = LevelState(3)
     asyncio.get_running_loop().call_later(1.5, stop.set)
@@ -80,10 +83,33 @@ async def test_stop_keeps_partial_results(twin: str) -> None:
 
 def test_loadtest_cli_sweep_json_and_report(twin: str, tmp_path: Path) -> None:
     out = tmp_path / "runs.json"
-    res = CliRunner().invoke(app, ["loadtest", "--base-url", twin, "--model", "m", "--conversations", "1,2",
-                                   "--duration", "2", "--scale", "0.032", "--think-scale", "0.05",
-                                   "--teams", "a:1:key-a,b:1", "--json", str(out), "--report",
-                                   str(tmp_path / "rep"), "--system", "twin"], env={"COLUMNS": "200"})
+    res = CliRunner().invoke(
+        app,
+        [
+            "loadtest",
+            "--base-url",
+            twin,
+            "--model",
+            "m",
+            "--conversations",
+            "1,2",
+            "--duration",
+            "2",
+            "--scale",
+            "0.032",
+            "--think-scale",
+            "0.05",
+            "--teams",
+            "a:1:key-a,b:1",
+            "--json",
+            str(out),
+            "--report",
+            str(tmp_path / "rep"),
+            "--system",
+            "twin",
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert res.exit_code == 0, res.output
     runs = json.loads(out.read_text())["runs"]
     assert len(runs) == 1  # teams fix the concurrency: one level
@@ -98,8 +124,18 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     twins, a verdict, the plots, and no process left behind."""
     out = tmp_path / "report"
     t = time.monotonic()
-    index = run_demo(DemoConfig(report=out, levels=[2, 4], duration_s=5.0, warmup_s=1.0, backends=1,
-                                profile="tiny", show_progress=False, fullscale=False))
+    index = run_demo(
+        DemoConfig(
+            report=out,
+            levels=[2, 4],
+            duration_s=5.0,
+            warmup_s=1.0,
+            backends=1,
+            profile="tiny",
+            show_progress=False,
+            fullscale=False,
+        )
+    )
     assert time.monotonic() - t < 90
     report = json.loads((out / "report.json").read_text())
     systems = {(r["system"], r["conversations"]) for r in report["runs"]}

@@ -12,8 +12,16 @@ from typer.testing import CliRunner
 from gateway.cli import app
 from loadtest.plan import PlanConfig, Planner, Targets, parse_teams, run_plan
 
-SMALL = dict(profiles=["tiny"], targets=Targets(ttft_p50_s=1.0, ttft_p95_s=5.0, max_wait_s=30.0), seeds=(1, 2),
-             verify_seeds=(3, 4), minutes=5.0, warmup_minutes=1.0, scale=0.032, jobs=2)
+SMALL = dict(
+    profiles=["tiny"],
+    targets=Targets(ttft_p50_s=1.0, ttft_p95_s=5.0, max_wait_s=30.0),
+    seeds=(1, 2),
+    verify_seeds=(3, 4),
+    minutes=5.0,
+    warmup_minutes=1.0,
+    scale=0.032,
+    jobs=2,
+)
 
 
 def test_recommended_fleet_holds_on_other_seeds_and_one_less_does_not() -> None:
@@ -43,10 +51,36 @@ def test_parse_teams_rejects_bad_input() -> None:
 
 def test_cli_writes_frontier_and_snippet(tmp_path: Path) -> None:
     out = tmp_path / "plan"
-    res = CliRunner().invoke(app, ["plan", "--teams", "a:2:1,b:2:1", "--profile", "tiny", "--scale", "0.032",
-                                   "--minutes", "3", "--warmup-minutes", "1", "--seeds", "1", "--verify-seeds", "2",
-                                   "--ttft-p50", "1", "--ttft-p95", "5", "--max-wait", "30", "--jobs", "1",
-                                   "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            "--teams",
+            "a:2:1,b:2:1",
+            "--profile",
+            "tiny",
+            "--scale",
+            "0.032",
+            "--minutes",
+            "3",
+            "--warmup-minutes",
+            "1",
+            "--seeds",
+            "1",
+            "--verify-seeds",
+            "2",
+            "--ttft-p50",
+            "1",
+            "--ttft-p95",
+            "5",
+            "--max-wait",
+            "30",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "tiny: 1 server(s)" in res.output
     snippet = yaml.safe_load((out / "teams-tiny.yaml").read_text())

@@ -15,12 +15,32 @@ from loadtest.report import PLOTS, comparison_table, markdown_table, write_repor
 def _rows() -> list[dict]:
     rows = []
     for n, (g, d) in {4: (2.0e6, 1.5e6), 8: (3.9e6, 1.0e6)}.items():
-        rows.append({"system": "gateway", "conversations": n, "total_tpm": g, "ttft_p50_s": 0.4,
-                     "ttft_p95_s": 1.2, "completed_rpm": 12.0, "output_tps_p50": 40.0, "cache_hit_rate": 0.97,
-                     "max_wait_s": 2.0})
-        rows.append({"system": "direct", "conversations": n, "total_tpm": d, "ttft_p50_s": 4.0,
-                     "ttft_p95_s": 30.0, "completed_rpm": 6.0, "output_tps_p50": 20.0, "cache_hit_rate": 0.3,
-                     "max_wait_s": None})
+        rows.append(
+            {
+                "system": "gateway",
+                "conversations": n,
+                "total_tpm": g,
+                "ttft_p50_s": 0.4,
+                "ttft_p95_s": 1.2,
+                "completed_rpm": 12.0,
+                "output_tps_p50": 40.0,
+                "cache_hit_rate": 0.97,
+                "max_wait_s": 2.0,
+            }
+        )
+        rows.append(
+            {
+                "system": "direct",
+                "conversations": n,
+                "total_tpm": d,
+                "ttft_p50_s": 4.0,
+                "ttft_p95_s": 30.0,
+                "completed_rpm": 6.0,
+                "output_tps_p50": 20.0,
+                "cache_hit_rate": 0.3,
+                "max_wait_s": None,
+            }
+        )
     return rows
 
 

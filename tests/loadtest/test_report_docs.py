@@ -12,9 +12,22 @@ def _rows(bf16: dict[int, float]) -> list[dict]:
     for p in PROFILES:
         for n in LEVELS:
             tpm = bf16[n] if p == "b300-tp8-bf16" else 1e6 * n / 8
-            rows.append({"profile": p, "conversations": n, "total_tpm": tpm, "input_tpm": tpm * 0.99,
-                         "ttft_p50_s": 0.3, "ttft_p95_s": 2.0, "completed_rpm": 20.0, "output_tps_p50": 30.0,
-                         "cache_hit_rate": 0.9, "max_wait_s": 3.0, "starved": 0, "retractions": 0})
+            rows.append(
+                {
+                    "profile": p,
+                    "conversations": n,
+                    "total_tpm": tpm,
+                    "input_tpm": tpm * 0.99,
+                    "ttft_p50_s": 0.3,
+                    "ttft_p95_s": 2.0,
+                    "completed_rpm": 20.0,
+                    "output_tps_p50": 30.0,
+                    "cache_hit_rate": 0.9,
+                    "max_wait_s": 3.0,
+                    "starved": 0,
+                    "retractions": 0,
+                }
+            )
     return rows
 
 

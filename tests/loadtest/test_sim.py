@@ -82,9 +82,17 @@ class StandInEngine:
             self.cache.update(k for k, _ in r.final)
             total = sum(n for _, n in r.prompt)
             self.counters.prompt_tokens += total
-            events.append(EngineEvent("finished", r.rid, now, prompt_tokens=total,
-                                      completion_tokens=r.generated, cached_tokens=r.cached,
-                                      finish_reason="length"))
+            events.append(
+                EngineEvent(
+                    "finished",
+                    r.rid,
+                    now,
+                    prompt_tokens=total,
+                    completion_tokens=r.generated,
+                    cached_tokens=r.cached,
+                    finish_reason="length",
+                )
+            )
         self._start(now)
         return events
 
@@ -95,14 +103,17 @@ class StandInEngine:
         return events
 
     def loads(self) -> list[RankLoad]:
-        return [RankLoad(0, len(self.running), len(self.waiting), 0, self.max_total_num_tokens, 0.0, 0.0,
-                         0.0, 64)]
+        return [RankLoad(0, len(self.running), len(self.waiting), 0, self.max_total_num_tokens, 0.0, 0.0, 0.0, 64)]
 
 
 def _sim(cfg: SimConfig, engines: int = 1) -> tuple[Simulator, dict]:
     eng = {f"b{i}": StandInEngine() for i in range(engines)}
-    sim = Simulator(cfg, build_core(cfg.policy), eng, make_workload(
-        cfg.workload, seed=cfg.seed, scale=cfg.scale, think_scale=cfg.think_scale, speedup=cfg.speedup))
+    sim = Simulator(
+        cfg,
+        build_core(cfg.policy),
+        eng,
+        make_workload(cfg.workload, seed=cfg.seed, scale=cfg.scale, think_scale=cfg.think_scale, speedup=cfg.speedup),
+    )
     sim.run()
     return sim, eng
 
@@ -138,12 +149,12 @@ def test_runs_are_deterministic_and_round_robin_spreads() -> None:
 
 
 def test_trace_open_loop_keeps_arrivals(tmp_path: Path) -> None:
-    rows = [{"timestamp": t * 1000, "input_length": 600, "output_length": 3, "hash_ids": [0, t + 1]}
-            for t in range(10)]
+    rows = [{"timestamp": t * 1000, "input_length": 600, "output_length": 3, "hash_ids": [0, t + 1]} for t in range(10)]
     path = tmp_path / "trace.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = SimConfig("stand-in", workload=f"trace:{path}", minutes=1, warmup_minutes=0, speedup=2.0,
-                    teams=parse_teams("x:1,y:1"))
+    cfg = SimConfig(
+        "stand-in", workload=f"trace:{path}", minutes=1, warmup_minutes=0, speedup=2.0, teams=parse_teams("x:1,y:1")
+    )
     sim, _ = _sim(cfg)
     assert [r.arrival for r in sim.records] == [t / 2 for t in range(10)]
     assert all(r.finish is not None for r in sim.records)
@@ -152,18 +163,47 @@ def test_trace_open_loop_keeps_arrivals(tmp_path: Path) -> None:
 
 
 def test_run_one_row_fields() -> None:
-    cfg = SimConfig("stand-in", backends=2, conversations=4, minutes=1.5, warmup_minutes=0.5, scale=0.05,
-                    teams=parse_teams("a:3,b:1"))
+    cfg = SimConfig(
+        "stand-in",
+        backends=2,
+        conversations=4,
+        minutes=1.5,
+        warmup_minutes=0.5,
+        scale=0.05,
+        teams=parse_teams("a:3,b:1"),
+    )
     row = run_one(cfg, engine_factory=StandInEngine)
-    for f in ("policy", "profile", "backends", "workload", "seed", "minutes", "conversations", "total_tpm",
-              "input_tpm", "cached_tpm", "output_tpm", "completed_rpm", "ttft_p50_s", "ttft_p95_s",
-              "output_tps_p50", "cache_hit_rate", "load_imbalance", "errors", "retractions", "teams",
-              "max_wait_s", "starved"):
+    for f in (
+        "policy",
+        "profile",
+        "backends",
+        "workload",
+        "seed",
+        "minutes",
+        "conversations",
+        "total_tpm",
+        "input_tpm",
+        "cached_tpm",
+        "output_tpm",
+        "completed_rpm",
+        "ttft_p50_s",
+        "ttft_p95_s",
+        "output_tps_p50",
+        "cache_hit_rate",
+        "load_imbalance",
+        "errors",
+        "retractions",
+        "teams",
+        "max_wait_s",
+        "starved",
+    ):
         assert f in row, f
     assert row["conversations"] == 4 and row["starved"] == 0 and row["errors"] == 0
     assert set(row["teams"]) == {"a", "b"} and row["teams"]["a"]["conversations"] == 3
-    assert row["total_tpm"] == row["input_tpm"] + row["output_tpm"] or abs(
-        row["total_tpm"] - row["input_tpm"] - row["output_tpm"]) <= 1
+    assert (
+        row["total_tpm"] == row["input_tpm"] + row["output_tpm"]
+        or abs(row["total_tpm"] - row["input_tpm"] - row["output_tpm"]) <= 1
+    )
     assert 1.0 <= row["load_imbalance"] < 1.5
 
 

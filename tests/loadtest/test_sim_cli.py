@@ -14,10 +14,35 @@ runner = CliRunner()
 
 def test_simulate_writes_rows(tmp_path: Path) -> None:
     out = tmp_path / "runs.json"
-    res = runner.invoke(app, ["simulate", "--profile", "tiny", "--backends", "2", "--policy", "direct",
-                              "--workload", "coding-agent", "--conversations", "2,4", "--minutes", "2",
-                              "--warmup-minutes", "0.5", "--scale", "0.032", "--seed", "3", "--jobs", "1",
-                              "--json", str(out)], env={"COLUMNS": "200"})
+    res = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--profile",
+            "tiny",
+            "--backends",
+            "2",
+            "--policy",
+            "direct",
+            "--workload",
+            "coding-agent",
+            "--conversations",
+            "2,4",
+            "--minutes",
+            "2",
+            "--warmup-minutes",
+            "0.5",
+            "--scale",
+            "0.032",
+            "--seed",
+            "3",
+            "--jobs",
+            "1",
+            "--json",
+            str(out),
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert res.exit_code == 0, res.output
     runs = json.loads(out.read_text())["runs"]
     assert [r["conversations"] for r in runs] == [2, 4]
@@ -32,13 +57,36 @@ def test_simulate_writes_rows(tmp_path: Path) -> None:
 def test_simulate_teams_and_trace(tmp_path: Path) -> None:
     out = tmp_path / "runs.json"
     trace = tmp_path / "t.jsonl"
-    trace.write_text("\n".join(json.dumps({"timestamp": 200 * i, "input_length": 900, "output_length": 20,
-                                           "hash_ids": [0, i + 1]}) for i in range(200)))
+    trace.write_text(
+        "\n".join(
+            json.dumps({"timestamp": 200 * i, "input_length": 900, "output_length": 20, "hash_ids": [0, i + 1]})
+            for i in range(200)
+        )
+    )
     config = tmp_path / "teams.yaml"
     config.write_text("teams:\n  a: {max_concurrency: 4, weight: 1}\n")
-    res = runner.invoke(app, ["simulate", "--profile", "tiny", "--workload", f"trace:{trace}", "--minutes", "1",
-                              "--warmup-minutes", "0", "--teams", "a:1,b:1", "--speedup", "2", "--json", str(out),
-                              "--config", str(config)])
+    res = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--profile",
+            "tiny",
+            "--workload",
+            f"trace:{trace}",
+            "--minutes",
+            "1",
+            "--warmup-minutes",
+            "0",
+            "--teams",
+            "a:1,b:1",
+            "--speedup",
+            "2",
+            "--json",
+            str(out),
+            "--config",
+            str(config),
+        ],
+    )
     assert res.exit_code == 0, res.output
     (row,) = json.loads(out.read_text())["runs"]
     assert row["conversations"] is None and set(row["teams"]) == {"a", "b"}
@@ -48,11 +96,15 @@ def test_simulate_teams_and_trace(tmp_path: Path) -> None:
 
 def test_simulate_errors_are_clear() -> None:
     base = ["simulate", "--profile", "tiny", "--minutes", "1"]
-    for extra, msg in ((["--policy", "nope"], "unknown policy"), (["--profile", "nope"], "unknown profile"),
-                       (["--workload", "chat"], "unknown workload"), (["--admission", "x"], "unknown admission"),
-                       (["--routing", "x"], "unknown routing"),
-                       (["--conversations", "a,b"], "comma-separated"),
-                       (["--config", "/nonexistent.yaml"], "not found")):
+    for extra, msg in (
+        (["--policy", "nope"], "unknown policy"),
+        (["--profile", "nope"], "unknown profile"),
+        (["--workload", "chat"], "unknown workload"),
+        (["--admission", "x"], "unknown admission"),
+        (["--routing", "x"], "unknown routing"),
+        (["--conversations", "a,b"], "comma-separated"),
+        (["--config", "/nonexistent.yaml"], "not found"),
+    ):
         res = runner.invoke(app, base + extra)
         assert res.exit_code == 2, (extra, res.output)
         assert msg in res.output, (extra, res.output)

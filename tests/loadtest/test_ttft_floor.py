@@ -57,8 +57,19 @@ def test_cli_prints_json_rows(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_simulates_a_policy_on_the_what_if_engine(capsys: pytest.CaptureFixture[str]) -> None:
-    ttft_floor.main(["--profiles", "b300-dp8-fp8", "--conversations", "4", "--json", "--simulate", "gateway",
-                     "--attn-utilisation", "0.3,1.0"])
+    ttft_floor.main(
+        [
+            "--profiles",
+            "b300-dp8-fp8",
+            "--conversations",
+            "4",
+            "--json",
+            "--simulate",
+            "gateway",
+            "--attn-utilisation",
+            "0.3,1.0",
+        ]
+    )
     slow, fast = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     # nothing beats a turn's own prefill, and the what-if engine is the one simulated
     assert slow["gateway_ttft_p50_s"] >= slow["floor_p25_s"]

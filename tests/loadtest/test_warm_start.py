@@ -16,13 +16,14 @@ def test_first_conversation_enters_midway_with_its_history() -> None:
         assert w1.turns == c1.turns  # only the first conversation of a slot is entered midway
         k = len(c0.turns) - len(w0.turns)
         assert 0 <= k < len(c0.turns)
-        assert w0.turns[1:] == c0.turns[k + 1:]
+        assert w0.turns[1:] == c0.turns[k + 1 :]
         first = w0.turns[0]
         assert first.output_tokens == c0.turns[k].output_tokens
         if k:
             entered += 1
-            history = sum(s.tokens for t in c0.turns[:k + 1] for s in t.new) + sum(
-                t.output_tokens for t in c0.turns[:k])
+            history = sum(s.tokens for t in c0.turns[: k + 1] for s in t.new) + sum(
+                t.output_tokens for t in c0.turns[:k]
+            )
             assert sum(s.tokens for s in first.new) == history  # every earlier message and answer
             assert [s.role for s in first.new][:3] == ["system", "user", "assistant"]
     assert entered >= 9  # most slots start at a later turn

@@ -17,17 +17,26 @@ from policies.types import BackendView, Dispatch, Outcome, Refuse, RequestFacts
 _ids = itertools.count()
 
 
-def core(kv: int = 10_000, backends: int = 1, teams: dict[str, TeamLimits] | None = None,
-         **params: float | str) -> SeatedAdmission:
-    c = SeatedAdmission(RoundRobin(), teams=teams or {},
-                        params=SeatParams(**{"admit_water": 1.0, "high_water": 1.0, **params}))  # type: ignore[arg-type]
+def core(
+    kv: int = 10_000, backends: int = 1, teams: dict[str, TeamLimits] | None = None, **params: float | str
+) -> SeatedAdmission:
+    c = SeatedAdmission(
+        RoundRobin(), teams=teams or {}, params=SeatParams(**{"admit_water": 1.0, "high_water": 1.0, **params})
+    )  # type: ignore[arg-type]
     c.set_backends("m", [BackendView(f"b{i}", kv_tokens=kv) for i in range(backends)], 0.0)
     return c
 
 
 def req(team: str = "t", tokens: int = 900, out: int = 100, conv: str | None = None, prio: int = 0) -> RequestFacts:
-    return RequestFacts(rid=f"r{next(_ids)}", model="m", team=team, prompt_tokens=tokens, max_output_tokens=out,
-                        conversation=conv, priority=prio)
+    return RequestFacts(
+        rid=f"r{next(_ids)}",
+        model="m",
+        team=team,
+        prompt_tokens=tokens,
+        max_output_tokens=out,
+        conversation=conv,
+        priority=prio,
+    )
 
 
 def dispatched(decisions: list) -> list[Dispatch]:
@@ -37,8 +46,12 @@ def dispatched(decisions: list) -> list[Dispatch]:
 @pytest.mark.slow  # > 5 s here
 def test_weighted_fairness_converges_to_weights() -> None:
     """Two saturated teams with weights 1 and 2: tokens served split 1:2 within 5%."""
-    c = core(teams={"a": TeamLimits(weight=1, max_queue=10**6, max_concurrency=10**6),
-                    "b": TeamLimits(weight=2, max_queue=10**6, max_concurrency=10**6)})
+    c = core(
+        teams={
+            "a": TeamLimits(weight=1, max_queue=10**6, max_concurrency=10**6),
+            "b": TeamLimits(weight=2, max_queue=10**6, max_concurrency=10**6),
+        }
+    )
     running: dict[str, tuple[str, float]] = {}
     served: Counter[str] = Counter()
     now = 0.0
@@ -101,8 +114,9 @@ def test_big_prompts_get_tokens_not_requests() -> None:
 
 def test_nothing_starves_under_constant_load() -> None:
     """Under saturation every request is dispatched within a bounded wait, large ones included."""
-    c = core(kv=20_000, teams={t: TeamLimits(max_queue=10**6, max_concurrency=10**6, queue_timeout_s=10**6)
-                               for t in "xyz"})
+    c = core(
+        kv=20_000, teams={t: TeamLimits(max_queue=10**6, max_concurrency=10**6, queue_timeout_s=10**6) for t in "xyz"}
+    )
     sizes = {"x": 500, "y": 2_000, "z": 15_000}
     arrived: dict[str, float] = {}
     team_of: dict[str, str] = {}
@@ -250,17 +264,30 @@ def test_replica_share_splits_limits() -> None:
     assert not dispatched(big.arrive(req(tokens=1_000, out=100), 0.0))  # half of 10k budget is used
 
 
-events = st.lists(st.tuples(st.sampled_from(["arrive", "finish", "cancel", "tick", "requeue", "retry", "health"]),
-                            st.integers(0, 30), st.integers(100, 6_000), st.sampled_from(["a", "b", "c"])),
-                  max_size=120)
+events = st.lists(
+    st.tuples(
+        st.sampled_from(["arrive", "finish", "cancel", "tick", "requeue", "retry", "health"]),
+        st.integers(0, 30),
+        st.integers(100, 6_000),
+        st.sampled_from(["a", "b", "c"]),
+    ),
+    max_size=120,
+)
 
 
 @settings(max_examples=60, deadline=None)
 @given(events)
 def test_random_events_keep_the_books(evts: list[tuple[str, int, int, str]]) -> None:
     """Whatever happens, every request ends exactly once and the reservations add up."""
-    c = core(kv=12_000, backends=2, teams={"a": TeamLimits(max_concurrency=3, max_queue=5, queue_timeout_s=20),
-                                           "b": TeamLimits(weight=2), "c": TeamLimits(priority=1)})
+    c = core(
+        kv=12_000,
+        backends=2,
+        teams={
+            "a": TeamLimits(max_concurrency=3, max_queue=5, queue_timeout_s=20),
+            "b": TeamLimits(weight=2),
+            "c": TeamLimits(priority=1),
+        },
+    )
     now = 0.0
     live: dict[str, str] = {}  # rid -> "waiting" | "running"
     ended: Counter[str] = Counter()
@@ -302,8 +329,13 @@ def test_random_events_keep_the_books(evts: list[tuple[str, int, int, str]]) -> 
             live[rid] = "waiting"
             apply(c.retry(rid, c.running[rid].slot[0], now))
         elif kind == "health":
-            apply(c.set_backends("m", [BackendView("b0", healthy=n % 2 == 0, kv_tokens=12_000),
-                                       BackendView("b1", kv_tokens=12_000)], now))
+            apply(
+                c.set_backends(
+                    "m",
+                    [BackendView("b0", healthy=n % 2 == 0, kv_tokens=12_000), BackendView("b1", kv_tokens=12_000)],
+                    now,
+                )
+            )
         else:
             apply(c.tick(now))
         per_slot: Counter[object] = Counter()
@@ -326,18 +358,29 @@ def test_seated_turn_reports_the_prefix_the_router_knows() -> None:
 
     c = SeatedAdmission(MinTTFT(), params=SeatParams())
     c.set_backends("m", [BackendView("b0", kv_tokens=1_000_000), BackendView("b1", kv_tokens=1_000_000)], 0.0)
-    first = RequestFacts(rid="t1", model="m", prompt_tokens=3000, max_output_tokens=10,
-                         fingerprint=tuple((k, 1000) for k in (11, 12, 13)))
+    first = RequestFacts(
+        rid="t1",
+        model="m",
+        prompt_tokens=3000,
+        max_output_tokens=10,
+        fingerprint=tuple((k, 1000) for k in (11, 12, 13)),
+    )
     d1 = dispatched(c.arrive(first, 0.0))[0]
     c.finish("t1", Outcome(prompt_tokens=3000, completion_tokens=10), 1.0)
-    second = RequestFacts(rid="t2", model="m", prompt_tokens=4000, max_output_tokens=10,
-                          fingerprint=tuple((k, 1000) for k in (11, 12, 13, 14)))
+    second = RequestFacts(
+        rid="t2",
+        model="m",
+        prompt_tokens=4000,
+        max_output_tokens=10,
+        fingerprint=tuple((k, 1000) for k in (11, 12, 13, 14)),
+    )
     d2 = dispatched(c.arrive(second, 2.0))[0]
     assert d2.backend == d1.backend and d2.reason == "prefix"
     assert d2.scores["matched_tokens"] == 3000.0
 
 
 # ----- every tier ---------------------------------------------------------------------
+
 
 def test_max_running_requests_is_a_seat_budget() -> None:
     """A rank reporting max_running_requests 5 seats at most ceil(1.2 × 5) = 6 conversations."""

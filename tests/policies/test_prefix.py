@@ -22,12 +22,25 @@ def _chat(turns: int = 6) -> dict:
     msgs: list[dict] = [{"role": "system", "content": _text(0, 9000)}]
     for i in range(turns):
         msgs.append({"role": "user", "content": _text(10 + i, 3000 + 100 * i)})
-        msgs.append({"role": "assistant", "content": _text(100 + i, 1500),
-                     "tool_calls": [{"id": f"call{i}", "type": "function",
-                                     "function": {"name": "read", "arguments": '{"path": "a.py"}'}}]})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": _text(100 + i, 1500),
+                "tool_calls": [
+                    {
+                        "id": f"call{i}",
+                        "type": "function",
+                        "function": {"name": "read", "arguments": '{"path": "a.py"}'},
+                    }
+                ],
+            }
+        )
         msgs.append({"role": "tool", "tool_call_id": f"call{i}", "name": "read", "content": _text(200 + i, 2500)})
-    return {"model": "kimi", "messages": msgs,
-            "tools": [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]}
+    return {
+        "model": "kimi",
+        "messages": msgs,
+        "tools": [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}],
+    }
 
 
 def _first_diff(a: bytes, b: bytes) -> int:
@@ -35,6 +48,7 @@ def _first_diff(a: bytes, b: bytes) -> int:
 
 
 # -- fingerprint ---------------------------------------------------------------------------------
+
 
 def test_same_request_same_fingerprint() -> None:
     body = _chat()
@@ -99,8 +113,14 @@ def test_next_turn_keeps_the_previous_full_blocks() -> None:
 
 
 def test_content_parts_are_rendered() -> None:
-    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello " * 100},
-                                                       {"type": "image_url", "image_url": {"url": "x"}}]}]}
+    parts = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "hello " * 100}, {"type": "image_url", "image_url": {"url": "x"}}],
+            }
+        ]
+    }
     other = copy.deepcopy(parts)
     other["messages"][0]["content"][0]["text"] = "hullo " * 100
     img = copy.deepcopy(parts)
@@ -112,8 +132,12 @@ def test_content_parts_are_rendered() -> None:
 @pytest.mark.parametrize("turns", [0, 1, 6])
 def test_streamed_fingerprint_equals_fingerprint_of_the_rendering(turns: int) -> None:
     body = _chat(turns)
-    body["messages"].append({"role": "user", "content": [{"type": "text", "text": _text(3, 5000)},
-                                                         {"type": "image_url", "image_url": {"url": "u"}}]})
+    body["messages"].append(
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": _text(3, 5000)}, {"type": "image_url", "image_url": {"url": "u"}}],
+        }
+    )
     body["messages"].append({"role": "assistant", "content": None, "reasoning_content": "hm" * 700})
     for block in (BLOCK_BYTES, 7, 4096):
         fp, n = request_fingerprint(body, 0.3, block)
@@ -141,8 +165,10 @@ def test_completion_prompts() -> None:
     ids1, _ = request_fingerprint({"prompt": list(range(3000))}, RATIO)
     ids2, _ = request_fingerprint({"prompt": [*range(2999), 7]}, RATIO)
     assert ids1 != ids2 and ids1[0] == ids2[0]
-    assert request_fingerprint({"prompt": ["a" * 2000, "b"]}, RATIO)[0] != request_fingerprint(
-        {"prompt": ["a" * 2000, "c"]}, RATIO)[0]
+    assert (
+        request_fingerprint({"prompt": ["a" * 2000, "b"]}, RATIO)[0]
+        != request_fingerprint({"prompt": ["a" * 2000, "c"]}, RATIO)[0]
+    )
 
 
 def test_from_blocks_keeps_simulator_blocks() -> None:
@@ -151,6 +177,7 @@ def test_from_blocks_keeps_simulator_blocks() -> None:
 
 
 # -- index -----------------------------------------------------------------------------------------
+
 
 def _chain(label: str, sizes: list[int], parent: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
     out = list(parent)

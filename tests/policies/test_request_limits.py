@@ -20,8 +20,9 @@ def core(views: list[BackendView], teams: dict[str, TeamLimits] | None = None, *
 
 
 def req(team: str = "t", tokens: int = 900, out: int = 100, conv: str | None = None) -> RequestFacts:
-    return RequestFacts(rid=f"r{next(_ids)}", model="m", team=team, prompt_tokens=tokens, max_output_tokens=out,
-                        conversation=conv)
+    return RequestFacts(
+        rid=f"r{next(_ids)}", model="m", team=team, prompt_tokens=tokens, max_output_tokens=out, conversation=conv
+    )
 
 
 def test_prompt_past_the_kv_cache_is_refused_at_once() -> None:
@@ -76,8 +77,12 @@ def test_a_refused_outcome_is_not_needed_for_a_normal_finish_to_keep_its_seat() 
 
 
 def test_blocked_head_keeps_its_slot_others_backfill_elsewhere() -> None:
-    c = core([BackendView("b0", kv_tokens=10_000), BackendView("b1", kv_tokens=10_000)],
-             admit_water=1.0, high_water=1.0, min_hold_s=1e9)
+    c = core(
+        [BackendView("b0", kv_tokens=10_000), BackendView("b1", kv_tokens=10_000)],
+        admit_water=1.0,
+        high_water=1.0,
+        min_hold_s=1e9,
+    )
     c.arrive(req("x", tokens=5_900, conv="x0"), 0.0)  # b0: 6k
     c.arrive(req("x", tokens=7_900, conv="x1"), 0.0)  # b1: 8k
     head = req("big", tokens=6_000, out=100, conv="head")  # fits neither now; shortest of room on b0

@@ -31,16 +31,24 @@ SYSTEM = chain("system", 15_000)
 
 
 def req(rid: str, fp: Fingerprint, conversation: str | None = None) -> RequestFacts:
-    return RequestFacts(rid=rid, model="m", prompt_tokens=sum(n for _, n in fp), fingerprint=fp,
-                        conversation=conversation)
+    return RequestFacts(
+        rid=rid, model="m", prompt_tokens=sum(n for _, n in fp), fingerprint=fp, conversation=conversation
+    )
 
 
 def views(n: int, dp: int = 1, kv: int = 5_000_000) -> list[BackendView]:
     return [BackendView(name=f"b{i}", kv_tokens=kv, dp_size=dp) for i in range(n)]
 
 
-def send(router: MinTTFT | LeastLoad, r: RequestFacts, backends: list[BackendView], now: float,
-         *, finish: bool = True, ttft: float = 0.3) -> Dispatch:
+def send(
+    router: MinTTFT | LeastLoad,
+    r: RequestFacts,
+    backends: list[BackendView],
+    now: float,
+    *,
+    finish: bool = True,
+    ttft: float = 0.3,
+) -> Dispatch:
     d = router.route(r, backends, now)
     assert d is not None and d.reason in REASONS
     router.dispatched(r, d, now)
@@ -57,6 +65,7 @@ def warm_up_common(router: MinTTFT, backends: list[BackendView]) -> None:
 
 
 # -- min-ttft ------------------------------------------------------------------------------------
+
 
 def test_next_turn_goes_to_the_holder() -> None:
     router, backends = MinTTFT(), views(4)
@@ -318,6 +327,7 @@ def test_failed_dispatch_frees_the_slot() -> None:
 
 # -- least-load ------------------------------------------------------------------------------------
 
+
 def test_least_load_counts_its_own_dispatches_and_breaks_ties_at_random() -> None:
     backends = views(3)
     router = LeastLoad(seed=1)
@@ -348,6 +358,7 @@ def test_least_load_routes_to_ranks() -> None:
 
 
 # -- registry --------------------------------------------------------------------------------------
+
 
 def test_registry_stacks_and_routing_overrides() -> None:
     assert {"direct", "round-robin", "least-load", "sglang-cache-aware", "gateway"} <= set(registry.names())

@@ -25,8 +25,15 @@ def req(rid: str, fp: Fingerprint) -> RequestFacts:
 W = [BackendView(name="w0"), BackendView(name="w1")]
 
 
-def go(router: SglangCacheAware, rid: str, fp: Fingerprint, now: float = 0.0, *, finish: bool = True,
-       workers: list[BackendView] = W) -> Dispatch:
+def go(
+    router: SglangCacheAware,
+    rid: str,
+    fp: Fingerprint,
+    now: float = 0.0,
+    *,
+    finish: bool = True,
+    workers: list[BackendView] = W,
+) -> Dispatch:
     r = req(rid, fp)
     d = router.route(r, workers, now)
     assert d is not None

@@ -469,8 +469,14 @@ def test_anthropic_sdk_create_stream_and_count(server: SDKServer) -> None:
 def test_an_inline_system_message_joins_the_system_prompt() -> None:
     """Claude Code sends a ``role: system`` message among the others; SGLang merges it into the
     system prompt, and so does the translation (never a 400)."""
-    body = {"model": "kimi", "max_tokens": 10, "system": "You are Claude Code.",
-            "messages": [{"role": "system", "content": "Today is Tuesday."}, {"role": "user", "content": "hi"}]}
+    body = {
+        "model": "kimi",
+        "max_tokens": 10,
+        "system": "You are Claude Code.",
+        "messages": [{"role": "system", "content": "Today is Tuesday."}, {"role": "user", "content": "hi"}],
+    }
     chat = M.to_chat(body).chat
-    assert chat["messages"] == [{"role": "system", "content": "You are Claude Code.\nToday is Tuesday."},
-                                {"role": "user", "content": "hi"}]
+    assert chat["messages"] == [
+        {"role": "system", "content": "You are Claude Code.\nToday is Tuesday."},
+        {"role": "user", "content": "hi"},
+    ]
