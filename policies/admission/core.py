@@ -12,7 +12,7 @@ from typing import ClassVar
 from policies.admission.limits import TeamGate
 from policies.admission.order import FairOrder
 from policies.admission.params import SeatParams
-from policies.admission.records import ModelViews, Running, Seat, Waiter
+from policies.admission.records import ModelViews, Running, Seat, Waiter, conversation_of, snapshot_of
 from policies.core import DecisionCore, Hook
 from policies.routing import Router
 from policies.teams import UNLIMITED, TeamLimits, TeamState
@@ -260,41 +260,12 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
     # ----- state queries (admin API, metrics, tests) --------------------------------------------
 
     def snapshot(self) -> dict[str, object]:
-        return {
-            "teams": {
-                n: {"inflight": t.inflight, "waiting": t.waiting, "vtc": round(t.vtc, 1)} for n, t in self.teams.items()
-            },
-            "backends": {
-                f"{b}" if r is None else f"{b}#{r}": {
-                    "reserved_tokens": tokens,
-                    "seats": sum(1 for s in self.seats.values() if s.slot == (b, r)),
-                }
-                for (b, r), tokens in self.reserved.items()
-            },
-            "waiting": len(self.waiting),
-            "running": len(self.running),
-        }
+        return snapshot_of(self.teams, self.seats, self.reserved, len(self.waiting), len(self.running))
 
     # ----- internals -----------------------------------------------------------------------------
 
     def _conversation(self, req: RequestFacts) -> tuple[str, bool]:
-        """The conversation a request continues: given by the caller, or found by the anchor (the last
-        full block of a seated conversation's previous prompt) that this prompt extends. A match counts
-        only if what follows the anchor is no longer than what precedes it: a turn adds one answer and
-        one tool result to its history, while an anchor inside a shared system prompt would be followed
-        by a whole other conversation."""
-        if req.conversation:
-            return req.conversation, False
-        total = sum(n for _, n in req.fingerprint)
-        after = 0
-        for key, tokens in reversed(req.fingerprint):
-            conv = self.anchors.get(key)
-            if conv is not None and after <= total - after:
-                return conv, False
-            after += tokens
-            if after > total - after:
-                break
-        return f"rid:{req.rid}", not req.fingerprint
+        return conversation_of(req, self.anchors)
 
     def _reserve(self, seat: Seat, tokens: int) -> int:
         self.reserved[seat.slot] = self.reserved.get(seat.slot, 0) - seat.tokens + tokens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from policies.teams import TeamState
 from policies.types import BackendView, RequestFacts, Slot
 
 
@@ -51,3 +52,41 @@ class ModelViews:
     """The backends of one model alias, by name, as the pool last reported them."""
 
     views: dict[str, BackendView] = field(default_factory=dict)
+
+
+def conversation_of(req: RequestFacts, anchors: dict[int, str]) -> tuple[str, bool]:
+    """The conversation a request continues: given by the caller, or found by the anchor (the last
+    full block of a seated conversation's previous prompt) that this prompt extends. A match counts
+    only if what follows the anchor is no longer than what precedes it: a turn adds one answer and
+    one tool result to its history, while an anchor inside a shared system prompt would be followed
+    by a whole other conversation."""
+    if req.conversation:
+        return req.conversation, False
+    total = sum(n for _, n in req.fingerprint)
+    after = 0
+    for key, tokens in reversed(req.fingerprint):
+        conv = anchors.get(key)
+        if conv is not None and after <= total - after:
+            return conv, False
+        after += tokens
+        if after > total - after:
+            break
+    return f"rid:{req.rid}", not req.fingerprint
+
+
+def snapshot_of(
+    teams: dict[str, TeamState], seats: dict[str, Seat], reserved: dict[Slot, int], waiting: int, running: int
+) -> dict[str, object]:
+    """The admin API's view of admission: per team, per slot (reserved tokens, seats), queue sizes."""
+    return {
+        "teams": {n: {"inflight": t.inflight, "waiting": t.waiting, "vtc": round(t.vtc, 1)} for n, t in teams.items()},
+        "backends": {
+            f"{b}" if r is None else f"{b}#{r}": {
+                "reserved_tokens": tokens,
+                "seats": sum(1 for s in seats.values() if s.slot == (b, r)),
+            }
+            for (b, r), tokens in reserved.items()
+        },
+        "waiting": waiting,
+        "running": running,
+    }
