@@ -106,6 +106,20 @@ def _process(args: list[str], ready: str) -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(10)
 
 
+@contextlib.contextmanager
+def instant_stack(gateway_args: list[str]) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
+    """The instant upstream and a gateway in front of it, each in its own process: (upstream URL,
+    gateway URL, gateway process). ``gateway_args`` are added to ``cachegate serve``'s."""
+    up_port, gw_port = _free_port(), _free_port()
+    up, gw = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
+    upstream = [sys.executable, "-m", "uvicorn", "loadtest.bench_overhead:upstream_app", "--port", str(up_port)]
+    upstream += ["--log-level", "warning", "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
+    gateway = [sys.executable, "-m", "gateway.cli", "serve", "--backend", up, "--model", MODEL]
+    gateway += ["--port", str(gw_port), "--log-level", "warning", *gateway_args]
+    with _process(upstream, up + "/health"), _process(gateway, gw + "/readyz") as gw_proc:
+        yield up, gw, gw_proc
+
+
 def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
@@ -167,40 +181,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--policy", default="gateway")
     args = parser.parse_args()
-    up_port, gw_port = _free_port(), _free_port()
-    up, gw = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
-    upstream = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "loadtest.bench_overhead:upstream_app",
-        "--port",
-        str(up_port),
-        "--log-level",
-        "warning",
-        "--loop",
-        "uvloop",
-        "--http",
-        "httptools",
-        "--no-access-log",
-    ]
-    gateway = [
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--backend",
-        up,
-        "--model",
-        MODEL,
-        "--port",
-        str(gw_port),
-        "--policy",
-        args.policy,
-        "--log-level",
-        "warning",
-    ]
-    with _process(upstream, up + "/health"), _process(gateway, gw + "/readyz") as gw_proc:
+    with instant_stack(["--policy", args.policy]) as (up, gw, gw_proc):
         print(f"policy {args.policy}; {args.requests} sequential requests each way; instant upstream")
         print("| request | direct p50 | direct p99 | gateway p50 | gateway p99 | added p50 | added p99 |")
         print("|---|---|---|---|---|---|---|")

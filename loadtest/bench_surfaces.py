@@ -14,13 +14,12 @@ per surface and the translated surfaces' difference to chat.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
 import httpx
 
-from loadtest.bench_overhead import MODEL, _free_port, _process, _q
+from loadtest.bench_overhead import MODEL, _q, instant_stack
 
 SYSTEM = "You are a coding agent. " * 40
 USER = "Fix the bug in main.py. " * 20
@@ -68,40 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=400)
     args = parser.parse_args()
-    up_port, gw_port = _free_port(), _free_port()
-    up, gw = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
-    upstream = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "loadtest.bench_overhead:upstream_app",
-        "--port",
-        str(up_port),
-        "--log-level",
-        "warning",
-        "--loop",
-        "uvloop",
-        "--http",
-        "httptools",
-        "--no-access-log",
-    ]
-    gateway = [
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--backend",
-        up,
-        "--model",
-        MODEL,
-        "--port",
-        str(gw_port),
-        "--log-level",
-        "warning",
-        "--access-log",
-        "off",
-    ]
-    with _process(upstream, up + "/health"), _process(gateway, gw + "/readyz"), httpx.Client(timeout=30) as client:
+    with instant_stack(["--access-log", "off"]) as (_, gw, _proc), httpx.Client(timeout=30) as client:
         for _ in range(50):  # warm every path
             for surface in BODIES:
                 one(client, gw, surface)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +147,39 @@ def _str(value: Any) -> str | None:
 def bad(message: str, param: str | None = None, code: str = "invalid_request") -> GatewayError:
     """A 400 for a body the translation cannot take."""
     return GatewayError(400, message, code, param)
+
+
+def load_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 that says what is wrong with it."""
+    if not raw:
+        raise bad("The request body is empty; expected a JSON object.")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad("The request body must be a JSON object.")
+    return body
+
+
+def chunk_parts(payload: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """The parts of one chat chunk's first choice in stream order: ``("thinking", str)``,
+    ``("text", str)``, ``("tool", dict)`` per tool-call delta, ``("finish", choice)``."""
+    for choice in payload.get("choices") or ():
+        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            continue
+        delta = choice.get("delta") or {}
+        thinking = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(thinking, str) and thinking:
+            yield "thinking", thinking
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            yield "text", text
+        for call in delta.get("tool_calls") or ():
+            if isinstance(call, dict):
+                yield "tool", call
+        if choice.get("finish_reason"):
+            yield "finish", choice
 
 
 def parse_arguments(arguments: str) -> dict[str, Any]:

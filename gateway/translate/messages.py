@@ -23,9 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from gateway.translate.common import ChatUsage, bad, parse_arguments
+from gateway.translate.common import load_body as load_body
 from gateway.translate.messages_errors import CODE_ERROR_TYPES as CODE_ERROR_TYPES
 from gateway.translate.messages_errors import ERROR_TYPES as ERROR_TYPES
 from gateway.translate.messages_errors import error_body as error_body
@@ -49,19 +48,6 @@ class MessagesRequest:
     stream: bool
     stop_sequences: list[str]
     session_hint: str | None  # metadata.user_id: Claude Code puts its session id there
-
-
-def load_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 that says what is wrong with it."""
-    if not raw:
-        raise bad("The request body is empty; expected a JSON object.")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise bad(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise bad("The request body must be a JSON object.")
-    return body
 
 
 def to_chat(body: dict[str, Any], *, counting: bool = False) -> MessagesRequest:

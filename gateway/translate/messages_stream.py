@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.translate.common import parse_arguments, read_upstream_error, sse_event
+from gateway.translate.common import chunk_parts, parse_arguments, read_upstream_error, sse_event
 from gateway.translate.messages import MessagesRequest, error_type, signature, stop_reason, usage_of
 
 
@@ -93,22 +93,14 @@ class MessagesStream:
             return b"".join(out) + self.fail(err.message, err.status)
         if isinstance(payload.get("usage"), dict):
             self.usage = payload["usage"]
-        for choice in payload.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            thinking = delta.get("reasoning_content") or delta.get("reasoning")
-            if isinstance(thinking, str) and thinking:
-                out.append(self._text("thinking", thinking))
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                out.append(self._text("text", text))
-            for call in delta.get("tool_calls") or ():
-                if isinstance(call, dict):
-                    out.append(self._tool(call))
-            if choice.get("finish_reason"):
-                self.finish_reason = str(choice["finish_reason"])
-                self.matched_stop = choice.get("matched_stop")
+        for kind, value in chunk_parts(payload):
+            if kind == "tool":
+                out.append(self._tool(value))
+            elif kind == "finish":
+                self.finish_reason = str(value["finish_reason"])
+                self.matched_stop = value.get("matched_stop")
+            else:
+                out.append(self._text(kind, value))
         return b"".join(out)
 
     def _delta(self, block: _Block, delta: dict[str, Any]) -> bytes:

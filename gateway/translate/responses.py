@@ -21,10 +21,9 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from gateway.errors import error_body
 from gateway.translate.common import bad, read_upstream_error
+from gateway.translate.common import load_body as load_body
 from gateway.translate.responses_items import _PACKED as _PACKED
 from gateway.translate.responses_items import custom_call_item as custom_call_item
 from gateway.translate.responses_items import from_chat as from_chat
@@ -80,19 +79,6 @@ class ResponsesRequest:
     echo: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] = field(default_factory=list)
     custom_tools: frozenset[str] = frozenset()
-
-
-def load_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 that says what is wrong with it."""
-    if not raw:
-        raise bad("The request body is empty; expected a JSON object.")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise bad(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise bad("The request body must be a JSON object.")
-    return body
 
 
 def previous_response_id(body: dict[str, Any]) -> str | None:

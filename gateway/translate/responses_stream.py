@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.translate.common import new_id, read_upstream_error, sse_event
+from gateway.translate.common import chunk_parts, new_id, read_upstream_error, sse_event
 from gateway.translate.responses import (
     ResponsesRequest,
     custom_call_item,
@@ -37,6 +37,8 @@ from gateway.translate.responses import (
     response_usage,
 )
 from gateway.translate.responses_tools import custom_input
+
+_ITEM_KIND = {"thinking": "reasoning", "text": "message"}  # a chunk part -> the output item it extends
 
 
 @dataclass(slots=True)
@@ -101,21 +103,13 @@ class ResponsesStream:
             return b"".join(out) + self.fail(err.message, err.code or "server_error")
         if isinstance(payload.get("usage"), dict):
             self.usage = payload["usage"]
-        for choice in payload.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            thinking = delta.get("reasoning_content") or delta.get("reasoning")
-            if isinstance(thinking, str) and thinking:
-                out.append(self._text("reasoning", thinking))
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                out.append(self._text("message", text))
-            for call in delta.get("tool_calls") or ():
-                if isinstance(call, dict):
-                    out.append(self._tool(call))
-            if choice.get("finish_reason"):
-                self.finish_reason = str(choice["finish_reason"])
+        for kind, value in chunk_parts(payload):
+            if kind == "tool":
+                out.append(self._tool(value))
+            elif kind == "finish":
+                self.finish_reason = str(value["finish_reason"])
+            else:
+                out.append(self._text(_ITEM_KIND[kind], value))
         return b"".join(out)
 
     def _add(self, kind: str, **fields: Any) -> _Item:
