@@ -455,11 +455,13 @@ two TP4 replicas of `--tp 4 --dp 2` on the node (no DP attention: each replica a
 whole model, 3.14M fp8 tokens of KV, its own radix cache), simulated as `--backends 2 --policy direct`: the
 `DataParallelController`'s `load_balance_method` defaults to `round_robin`, so a conversation's next turn
 lands on either replica with equal odds (45-50% on the same one at 8-48 conversations, measured in the
-simulator), and on the other
-one it recomputes every turn since its last visit there. Every constant is derived as for the TP8 profiles
-(`backends/sim/profiles.py`, `_b300(gpus=4)`) except the front end's tokenisation (1M tokens/s + 50 ms per
-request), taken from the fitted `b300-dp8-fp8-cp` (the same SGLang front end on the same prompts) and not
-re-fitted; without it the medians at 8 / 16 are 1.22 / 1.44 s (the one at 16 then 0.47 of the published).
+simulator), and on the other one it recomputes every turn since its last visit there. Every constant is
+derived as for the TP8 profiles (`backends/sim/profiles.py`, `_b300(gpus=4)`) except the front end's
+tokenisation (1M tokens/s + 50 ms per request), taken from the fitted `b300-dp8-fp8-cp` (the same SGLang
+front end on the same prompts) and not re-fitted; without it the medians at 8 / 16 are 1.22 / 1.44 s (the
+one at 16 then 0.47 of the published). bf16 KV on the same layout (1.57M tokens per replica) thrashes from 16
+conversations on (1.30M tokens/min at 16 against the published 5.66M, with the same front end), so fp8 is
+the layout's KV type.
 Residuals (seed 1):
 
 {collapse_residuals(rows)}
