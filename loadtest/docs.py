@@ -375,16 +375,16 @@ All numbers below are computed from the profiles' constants (`backends/sim/profi
   but serves a cached turn in about 0.3 s at 8-16, where the published medians are 2.40 / 3.09 s: a whole cache
   on one TP8 server has no per-turn misses. `b300-dp2-bf16` (DP2 attention, TP4 per rank, 2.6M bf16 tokens per
   rank) has the server's round-robin over its ranks as a miss source and medians within 2×, but its two pools
-  (5.2M) and its prefill (the MoE over all 8 GPUs) keep it from collapsing. `b300-tp4-fp8` run as two replicas
-  (`--tp 4 --dp 2`, plain data parallelism) has both: each replica holds the whole model, so 3.14M fp8 tokens
-  of KV, and the controller's round robin puts about half the turns on the replica without the conversation's
+  (5.2M) thrash only partly, and it does not collapse. `b300-tp4-fp8` run as two replicas
+  (`--tp 4 --dp 2`, plain data parallelism) comes closest to both: each replica holds the whole model, so 3.14M
+  fp8 tokens of KV, and the controller's round robin puts about half the turns on the replica without the conversation's
   last turns (hits {_at(rows, "b300-tp4-fp8", 8)["cache_hit_rate"]:.1%} at 8 against
   {_at(rows, "b300-tp8-bf16", 8)["cache_hit_rate"]:.1%} on one TP8 server), recomputed at TP4 speed
   (`k_attn` {get_profile("b300-tp4-fp8").k_attn:.3g}, 21k linear tok/s); every conversation is resident on
   both replicas, so the pair thrashes from 32 on. Its tokens/min at 8 / 16
   ({_m(_at(rows, "b300-tp4-fp8", 8)["total_tpm"])} / {_m(_at(rows, "b300-tp4-fp8", 16)["total_tpm"])}) are the
   published 3.95 / 5.66M within 10%, which bf16 KV on the same layout does not give (1.57M tokens per replica:
-  it thrashes from 16 on).
+  it thrashes from 16 on). It falls to 0.35 of its peak at 48, where the line asks for a third.
 """
 
 
