@@ -471,6 +471,38 @@ the model thrashes some conversations (p95 60-140 s) while the others still hit,
 deployment queued everyone. The tokens/min at 48 is 0.35 / 0.35 / 0.34 of the peak at seeds 1 / 2 / 3,
 just short of a third.
 
+Where the time goes (`python -m loadtest.collapse_probe --profile b300-tp4-fp8 --backends 2 --conversations
+8,16,32,48,64 --seed 1`): at 48 the two replicas spend 70% of their time in prefill passes and compute 33% of
+the prompt tokens (6% at 8 and 16), with no retraction. Turns whose previous turn went to the same replica find
+0.73 of their prompt cached (median TTFT 1.14 s), the others 0.59 (5.21 s); the 91 of 306 turns that find less
+than half of it wait 47 s at the median, the 134 that find more than 90% 0.85 s. `b300-tp8-bf16` at 48
+(`--profile b300-tp8-bf16 --backends 1`) is the published regime: 83% computed, 80% of its time in prefill,
+every turn below half, median 52 s (one 2.63M pool for 48 conversations of ~90k mean prompt).
+
+SGLang's scheduler, checked against the engine for a throttle the model lacks (none found that moves this line):
+
+- Decode retraction (`retract_decode`: fewest outputs first, re-queued at the back; `new_token_ratio`
+  re-estimated as (decoded + 20 × running) / Σ max_new, decaying over 600 decode steps to 0.14 × its initial
+  value, reset when idle): modelled, and never triggered here (0 retractions at every level, seeds 1-3). The
+  PrefillAdder admits a request only with its whole extend + min(max_new, 4096) free or evictable beyond
+  Σ_running min(left, 4096) × ratio, and with 200-1500-token answers a running request finishes every ~16
+  decode steps and unlocks a ~90k-token path, far more than the batch grows in between: the decode memory
+  check always passes, so the ratio's throttle never engages, in SGLang as in the model.
+- FCFS (the default `schedule_policy`): the head is never skipped and a chunked recompute takes the whole
+  16384-token chunk budget, so the turns behind it wait for all of it; modelled. LPM would serve hits first.
+- `match_prefix` refreshes the matched path's LRU time of the requests the adder looks at; the engine does not.
+  Refreshing the head's path left every figure of this profile unchanged at 16 and 48 (seed 1): not added.
+- `max_new_tokens`: the simulator hands the engine each request's true output length, where SGLang (and the live
+  twin's planner) use context − prompt when the client sends no `max_tokens`. With SGLang's value this
+  profile's tokens/min at 48 is 1.86M (0.354 of the peak: further from a third), `b300-dp8-fp8-cp` is unchanged
+  (its running cap binds first) and `b300-tp8-fp8-hicache` moves at 48 and 64 (median 1.15 → 1.17 s and
+  5.16 → 5.51 s); left as it is here.
+
+Below a third needs a lower recompute floor or more misses, not a scheduling throttle: recomputing ~150k-token
+prompts, each TP4 replica prefills about 8.6k tokens/s, so the pair's all-recompute floor is about 1.0M
+tokens/min (0.2 of its peak), against the published 0.48M at 48 (8k tokens/s for the whole node); at 48 the
+pair still serves two thirds of the prompt tokens from its caches.
+
 ## GB10 (16 × DGX Spark), single request on an idle engine
 
 ```
