@@ -19,7 +19,8 @@ from typing import Any
 
 from backends.sim.engine import Engine, EngineEvent, get_profile
 from loadtest.metrics import RequestRecord
-from loadtest.simulate import SimConfig, Simulator, build_core, make_workload
+from loadtest.simulate import SimConfig, Simulator, build_core
+from loadtest.workload import make_workload
 
 
 class _TimedEngine(Engine):
@@ -49,7 +50,7 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def probe(profile: str, backends: int, conversations: int, seed: int, minutes: float, warmup: float) -> dict:
+def probe(profile: str, backends: int, conversations: int, seed: int, minutes: float, warmup: float) -> dict[str, Any]:
     cfg = SimConfig(
         profile=profile,
         backends=backends,
