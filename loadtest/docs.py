@@ -22,11 +22,20 @@ from pathlib import Path
 import orjson
 
 LEVELS = (8, 16, 32, 48, 64)
-PROFILES = ("b300-tp8-bf16", "b300-dp2-bf16", "b300-tp8-fp8-hicache", "b300-dp8-fp8", "b300-dp8-fp8-cp")
-RUNS: dict[str, tuple[str, str | None]] = {
-    "b300-dp8-fp8-cp": ("gateway", "none"),  # rank-pinned min-TTFT routing, no seats: cache-affine, no admission
+PROFILES = (
+    "b300-tp8-bf16",
+    "b300-dp2-bf16",
+    "b300-tp4-fp8",
+    "b300-tp8-fp8-hicache",
+    "b300-dp8-fp8",
+    "b300-dp8-fp8-cp",
+)
+RUNS: dict[str, tuple[str, str | None, int]] = {
+    "b300-dp8-fp8-cp": ("gateway", "none", 1),  # rank-pinned min-TTFT routing, no seats: cache-affine, no admission
+    "b300-tp4-fp8": ("direct", None, 2),  # --tp 4 --dp 2: two replicas, the DP controller's round robin
 }
-"""(policy, admission) per profile; the rest run ``direct`` (the server's own scheduling)."""
+"""(policy, admission, backends) per profile; the rest run ``direct`` (the server's own scheduling) on one."""
+COLLAPSING = ("b300-tp8-bf16", "b300-dp2-bf16", "b300-tp4-fp8")
 
 # The published comparison (reference §11): (total tokens/min, median TTFT s, p95 TTFT s).
 PUBLISHED = {
@@ -48,6 +57,7 @@ PUBLISHED = {
 COMPARE_WITH = {
     "b300-tp8-bf16": "bad",
     "b300-dp2-bf16": "bad",
+    "b300-tp4-fp8": "bad",
     "b300-tp8-fp8-hicache": "good",
     "b300-dp8-fp8": "good",
     "b300-dp8-fp8-cp": "good",
@@ -55,10 +65,10 @@ COMPARE_WITH = {
 
 
 def command(profile: str, minutes: float, warmup: float) -> str:
-    policy, admission = RUNS.get(profile, ("direct", None))
+    policy, admission, backends = RUNS.get(profile, ("direct", None, 1))
     pol = policy + (f" --admission {admission}" if admission else "")
     return (
-        f"cachegate simulate --profile {profile} --backends 1 --policy {pol} --workload coding-agent "
+        f"cachegate simulate --profile {profile} --backends {backends} --policy {pol} --workload coding-agent "
         f"--conversations {','.join(map(str, LEVELS))} --minutes {minutes:g} --warmup-minutes {warmup:g} "
         f"--seed 1 --json {profile}.json"
     )
@@ -68,11 +78,17 @@ def _run(args: tuple[str, int, float, float]) -> tuple[dict, float]:
     from loadtest.simulate import SimConfig, run_one
 
     profile, n, minutes, warmup = args
-    policy, admission = RUNS.get(profile, ("direct", None))
+    policy, admission, backends = RUNS.get(profile, ("direct", None, 1))
     t = time.perf_counter()
     row = run_one(
         SimConfig(
-            profile=profile, conversations=n, minutes=minutes, warmup_minutes=warmup, policy=policy, admission=admission
+            profile=profile,
+            conversations=n,
+            minutes=minutes,
+            warmup_minutes=warmup,
+            policy=policy,
+            admission=admission,
+            backends=backends,
         )
     )
     return row, time.perf_counter() - t
@@ -209,7 +225,7 @@ def fitted_residuals(rows: list[dict]) -> str:
 
 def collapse_lines(rows: list[dict]) -> list[str]:
     out = []
-    for profile in ("b300-tp8-bf16", "b300-dp2-bf16"):
+    for profile in COLLAPSING:
         tpm = {n: _at(rows, profile, n)["total_tpm"] for n in LEVELS}
         p50 = {n: _at(rows, profile, n)["ttft_p50_s"] for n in LEVELS}
         peak = max(tpm.values())
@@ -221,6 +237,26 @@ def collapse_lines(rows: list[dict]) -> list[str]:
             f"{_s(p50[8])} / {_s(p50[16])} s against 2.40 / 3.09 (within 2×: {'PASS' if med else 'FAIL'})."
         )
     return out
+
+
+def collapse_residuals(rows: list[dict], profile: str = "b300-tp4-fp8") -> str:
+    """The collapsing profile's residuals (simulated / published − 1) at every level."""
+    lines = [
+        "| Conv. | TPM sim | pub | residual | TTFT p50 sim | pub | residual "
+        "| TTFT p95 sim | pub | residual | cache hit |",
+        "|" + "---|" * 11,
+    ]
+    peak = max(_at(rows, profile, n)["total_tpm"] for n in LEVELS)
+    for n in LEVELS:
+        r = _at(rows, profile, n)
+        tpm, p50, p95 = PUBLISHED["bad"][n]
+        lines.append(
+            f"| {n} | {_m(r['total_tpm'])} | {_m(tpm)} | {r['total_tpm'] / tpm - 1:+.0%} "
+            f"| {_s(r['ttft_p50_s'])} | {_s(p50)} | {r['ttft_p50_s'] / p50 - 1:+.0%} "
+            f"| {_s(r['ttft_p95_s'])} | {_s(p95)} | {r['ttft_p95_s'] / p95 - 1:+.0%} | {r['cache_hit_rate']:.1%} |"
+        )
+    lines.append(f"\nPeak {_m(peak)}; tokens/min at 48 = {_at(rows, profile, 48)['total_tpm'] / peak:.2f} of it.")
+    return "\n".join(lines)
 
 
 def gb10_table() -> str:
@@ -243,6 +279,69 @@ def gb10_table() -> str:
         )
     lines.append("| published (16×GB10 post, vLLM, K3) | 750 | 20 average, 38 peak |")
     return "\n".join(lines)
+
+
+def gb10_analysis() -> str:
+    """Why TP4×PP4 cannot decode one request at the post's 20 tok/s at long context; every figure
+    computed from the profiles (``loadtest/single.py``)."""
+    from backends.sim.profile_constants import GB10_ALLREDUCE_HOP, LAYERS
+    from backends.sim.profiles import get_profile
+    from loadtest.single import batch_decode, pp_bounds, single_request
+
+    pp, tp16 = get_profile("gb10x16-tp4pp4-fp8"), get_profile("gb10x16-tp16-fp8")
+    rows = [
+        "| Layout | context | floor: 100% of 273 GB/s, no overhead | at U_BW 0.75, no overhead "
+        "| engine model (launches, all-reduces) |",
+        "|---|---|---|---|---|",
+    ]
+    for p in (pp, tp16):
+        for ctx in (2048, 32768, 131072):
+            floor, ubw, model = pp_bounds(p, ctx)
+            rows.append(f"| `{p.name}` | {ctx // 1024}k | {floor:.1f} | {ubw:.1f} | {model:.1f} |")
+    b2, b4 = batch_decode(pp, 2, 131072), batch_decode(pp, 4, 131072)
+    f128, u128, m128 = pp_bounds(pp, 131072)
+    f2k = pp_bounds(pp, 2048)[0]
+    stage = pp.a / pp.pp  # one stage's launches, all-reduces and non-expert weights
+    t2k, t128 = single_request(tp16, 2048)[1], single_request(tp16, 131072)[1]
+    pre8, pre32 = single_request(tp16, 8192)[0], single_request(tp16, 32768)[0]
+    m32 = single_request(pp, 32768)[1]
+    hop_ms = (pp.pp * GB10_ALLREDUCE_HOP) * 1e3
+    per_stage_layers = -(-LAYERS // pp.pp)
+    over = (per_stage_layers * pp.pp - LAYERS) / (per_stage_layers * pp.pp)
+    hops = max(1, (pp.tp_size - 1).bit_length())
+    counted = pp.k_kv * 131072 * pp.pp + pp.pp * 2 * per_stage_layers * hops * GB10_ALLREDUCE_HOP
+    fixed = 1 / (1 / m128 - over * counted)
+    return (
+        "\n".join(rows)
+        + f"""
+
+Decode tokens/s of one request, derived (`loadtest.single.pp_bounds`): one token crosses the
+{pp.pp} stages one after another, so each stage's nodes read their share of the non-expert weights
+(24 GB / tp), of the 8 activated experts (571 GB × 8/384 / tp) and of the whole MLA latent
+(35,136 B per context token, the stage's layers on each of its TP nodes) while the other stages wait.
+Per token TP4×PP4 moves (24 + 11.9) / 4 GB + 35,136 B × context through one node's 273 GB/s at a time;
+TP16 moves a quarter of the weight bytes per node and the same latent.
+
+- **TP4×PP4 cannot reach 20 tok/s for one request at long context**: at 128k even the LPDDR5x floor
+  (100% of 273 GB/s, no launch or all-reduce) is {f128:.1f} tok/s, and at the bandwidth utilisation every
+  profile uses (0.75) it is {u128:.1f} with no overhead at all; the model, with {stage * 1e3:.1f} ms of
+  stage time per stage ({pp.a * 1e3:.1f} ms of `a` over {pp.pp} stages), gives {m128:.1f}. The PP hops
+  themselves are negligible: a 14 KB activation per stage boundary over 200 Gb/s is under 1 µs plus
+  about 25 µs of RoCE latency, about {hop_ms:.1f} ms per token for {pp.pp} hops (not modelled). The model
+  counts the largest stage ({per_stage_layers} layers) {pp.pp} times, {over:.0%} more KV and all-reduce
+  time than the {LAYERS} layers have: {over * counted * m128:.1%} of the step at 128k ({m128:.1f} → {fixed:.1f} tok/s),
+  which changes nothing here (left as is: `docs/planning.md`'s worked example runs on this profile).
+- **Micro-batches overlap only across requests**: with 2 or 4 requests of 128k decoding, each gets
+  {b2[0]:.1f} / {b4[0]:.1f} tok/s and the engine {b2[1]:.1f} / {b4[1]:.1f} tok/s in aggregate; the
+  per-request speed cannot rise with load, the aggregate passes 20 from 2 requests on.
+- **The post's 38 tok/s peak is above PP4's floor at any context** ({f2k:.1f} at 2k at 100% bandwidth), so the
+  post's layout was not TP4×PP4 decoding one request (it is TP16-like, or it used speculative decoding).
+  `gb10x16-tp16-fp8` meets both figures within 25% ({t2k:.1f} at 2k, {t128:.1f} at 128k; prefill
+  {pre8:,.0f} / {pre32:,.0f} tok/s at 8k / 32k prompts against 750): the GB10 acceptance line applies to it.
+  `gb10x16-tp4pp4-fp8` meets the decode line only up to about 32k of context ({m32:.1f} tok/s,
+  {m32 / 20 - 1:+.0%}) and fails it at 128k ({m128:.1f}, {m128 / 20 - 1:+.0%}).
+"""
+    )
 
 
 def analysis(rows: list[dict]) -> str:
@@ -274,11 +373,18 @@ All numbers below are computed from the profiles' constants (`backends/sim/profi
   on one GPU in bf16: every miss recomputes tens of thousands of tokens at `k_attn` = 3.70e-9.
 - **The collapsing deployment.** `b300-tp8-bf16` collapses from 32 on (slow bf16 recompute, 2.63M tokens of KV)
   but serves a cached turn in about 0.3 s at 8-16, where the published medians are 2.40 / 3.09 s: a whole cache
-  on one TP8 server has no per-turn misses. `b300-dp2-bf16` (derived: DP2 attention, TP4 per rank, bf16 KV,
-  2.6M tokens per rank) names a miss source a single node has: SGLang's DP controller round-robins turns
-  over the two ranks, so every turn misses what the other rank computed since its last turn there; its medians
-  at 8 / 16 come within 2× of the published. But its two pools (5.2M in all) thrash only partly (LRU keeps each
-  conversation's older prefix), so it does not collapse to a third of its peak by 48. Neither profile has both.
+  on one TP8 server has no per-turn misses. `b300-dp2-bf16` (DP2 attention, TP4 per rank, 2.6M bf16 tokens per
+  rank) has the server's round-robin over its ranks as a miss source and medians within 2×, but its two pools
+  (5.2M) thrash only partly, and it does not collapse. `b300-tp4-fp8` run as two replicas
+  (`--tp 4 --dp 2`, plain data parallelism) comes closest to both: each replica holds the whole model, so 3.14M
+  fp8 tokens of KV, and the controller's round robin puts about half the turns on the replica without the conversation's
+  last turns (hits {_at(rows, "b300-tp4-fp8", 8)["cache_hit_rate"]:.1%} at 8 against
+  {_at(rows, "b300-tp8-bf16", 8)["cache_hit_rate"]:.1%} on one TP8 server), recomputed at TP4 speed
+  (`k_attn` {get_profile("b300-tp4-fp8").k_attn:.3g}, 21k linear tok/s); every conversation is resident on
+  both replicas, so the pair thrashes from 32 on. Its tokens/min at 8 / 16
+  ({_m(_at(rows, "b300-tp4-fp8", 8)["total_tpm"])} / {_m(_at(rows, "b300-tp4-fp8", 16)["total_tpm"])}) are the
+  published 3.95 / 5.66M within 10%, which bf16 KV on the same layout does not give (1.57M tokens per replica:
+  it thrashes from 16 on). It falls to 0.35 of its peak at 48, where the line asks for a third.
 """
 
 
@@ -310,10 +416,12 @@ def write_docs(
 
 Closed-loop `coding-agent` conversations sent to one simulated SGLang server,
 {minutes:g} simulated minutes with the first {warmup:g} excluded, seed 1. Published figures:
-`reference/sglang-and-kimi.md` §11 (the collapsing "bad" deployment beside `b300-tp8-bf16` and
-`b300-dp2-bf16`, the "good" one beside the others). Ratios are simulated / published. Every profile but one is
-derived from hardware figures and SGLang's own settings in `backends/sim/profiles.py`, not fitted to these
-curves, and runs `--policy direct` (the server's own scheduling, round-robin over DP ranks).
+`reference/sglang-and-kimi.md` §11 (the collapsing "bad" deployment beside `b300-tp8-bf16`,
+`b300-dp2-bf16` and `b300-tp4-fp8`, the "good" one beside the others). Ratios are simulated / published.
+Every profile is derived from hardware figures and SGLang's own settings in `backends/sim/profiles.py`, not
+fitted to these curves (but for `b300-dp8-fp8-cp`, and the front-end constants `b300-tp4-fp8` takes from
+it), and runs `--policy direct` (the server's own scheduling, round-robin over DP ranks; `b300-tp4-fp8` is one
+replica of `--tp 4 --dp 2` and runs as `--backends 2`, the DP controller's round robin over the two replicas).
 **`b300-dp8-fp8-cp` is the one fitted profile** (its `fitted` field lists the constants; the script is
 `python -m loadtest.fit_good`). It runs rank-pinned without admission (`--policy gateway --admission none`:
 min-TTFT routing keeps every conversation on one DP rank and the ranks balanced): the published deployment
@@ -342,6 +450,59 @@ estimates about 5% of turns missing would explain it). It is not an acceptance l
 
 {chr(10).join(collapse_lines(rows))}
 
+**The miss source: SGLang's plain data parallelism with its default round robin.** `b300-tp4-fp8` is one of the
+two TP4 replicas of `--tp 4 --dp 2` on the node (no DP attention: each replica a whole server with the
+whole model, 3.14M fp8 tokens of KV, its own radix cache), simulated as `--backends 2 --policy direct`: the
+`DataParallelController`'s `load_balance_method` defaults to `round_robin`, so a conversation's next turn
+lands on either replica with equal odds (45-50% on the same one at 8-48 conversations, measured in the
+simulator), and on the other one it recomputes every turn since its last visit there. Every constant is
+derived as for the TP8 profiles (`backends/sim/profiles.py`, `_b300(gpus=4)`) except the front end's
+tokenisation (1M tokens/s + 50 ms per request), taken from the fitted `b300-dp8-fp8-cp` (the same SGLang
+front end on the same prompts) and not re-fitted; without it the medians at 8 / 16 are 1.22 / 1.44 s (the
+one at 16 then 0.47 of the published). bf16 KV on the same layout (1.57M tokens per replica) thrashes from 16
+conversations on (1.30M tokens/min at 16 against the published 5.66M, with the same front end), so fp8 is
+the layout's KV type.
+Residuals (seed 1):
+
+{collapse_residuals(rows)}
+
+What it does not reproduce: past the collapse its medians stay low (2-4 s against 51-159 s) and its p95 high:
+the model thrashes some conversations (p95 60-140 s) while the others still hit, where the published
+deployment queued everyone. The tokens/min at 48 is 0.35 / 0.35 / 0.34 of the peak at seeds 1 / 2 / 3,
+just short of a third.
+
+Where the time goes (`python -m loadtest.collapse_probe --profile b300-tp4-fp8 --backends 2 --conversations
+8,16,32,48,64 --seed 1`): at 48 the two replicas spend 70% of their time in prefill passes and compute 33% of
+the prompt tokens (6% at 8 and 16), with no retraction. Turns whose previous turn went to the same replica find
+0.73 of their prompt cached (median TTFT 1.14 s), the others 0.59 (5.21 s); the 91 of 306 turns that find less
+than half of it wait 47 s at the median, the 134 that find more than 90% 0.85 s. `b300-tp8-bf16` at 48
+(`--profile b300-tp8-bf16 --backends 1`) is the published regime: 83% computed, 80% of its time in prefill,
+every turn below half, median 52 s (one 2.63M pool for 48 conversations of ~90k mean prompt).
+
+SGLang's scheduler, checked against the engine for a throttle the model lacks (none found that moves this line):
+
+- Decode retraction (`retract_decode`: fewest outputs first, re-queued at the back; `new_token_ratio`
+  re-estimated as (decoded + 20 × running) / Σ max_new, decaying over 600 decode steps to 0.14 × its initial
+  value, reset when idle): modelled, and never triggered here (0 retractions at every level, seeds 1-3). The
+  PrefillAdder admits a request only with its whole extend + min(max_new, 4096) free or evictable beyond
+  Σ_running min(left, 4096) × ratio, and with 200-1500-token answers a running request finishes every ~16
+  decode steps and unlocks a ~90k-token path, far more than the batch grows in between: the decode memory
+  check always passes, so the ratio's throttle never engages, in SGLang as in the model.
+- FCFS (the default `schedule_policy`): the head is never skipped and a chunked recompute takes the whole
+  16384-token chunk budget, so the turns behind it wait for all of it; modelled. LPM would serve hits first.
+- `match_prefix` refreshes the matched path's LRU time of the requests the adder looks at; the engine does not.
+  Refreshing the head's path left every figure of this profile unchanged at 16 and 48 (seed 1): not added.
+- `max_new_tokens`: the simulator hands the engine each request's true output length, where SGLang (and the live
+  twin's planner) use context − prompt when the client sends no `max_tokens`. With SGLang's value this
+  profile's tokens/min at 48 is 1.86M (0.354 of the peak: further from a third), `b300-dp8-fp8-cp` is unchanged
+  (its running cap binds first) and `b300-tp8-fp8-hicache` moves at 48 and 64 (median 1.15 → 1.17 s and
+  5.16 → 5.51 s); left as it is here.
+
+Below a third needs a lower recompute floor or more misses, not a scheduling throttle: recomputing ~150k-token
+prompts, each TP4 replica prefills about 8.6k tokens/s, so the pair's all-recompute floor is about 1.0M
+tokens/min (0.2 of its peak), against the published 0.48M at 48 (8k tokens/s for the whole node); at 48 the
+pair still serves two thirds of the prompt tokens from its caches.
+
 ## GB10 (16 × DGX Spark), single request on an idle engine
 
 ```
@@ -350,10 +511,7 @@ python -m loadtest.single --profiles gb10x16-tp16-fp8,gb10x16-tp4pp4-fp8
 
 {gb10_table()}
 
-`gb10x16-tp16-fp8` meets the post within 25% (prefill at 8k-32k prompts, decode 38 at short and ~20 at
-128k context). `gb10x16-tp4pp4-fp8` prefills alike but decodes at 12-17 tok/s: one request crosses the four
-stages one after another, each with its own launch and all-reduce overhead, so PP4 cannot reach the post's
-38 peak at batch 1 (the post's deployment is closer to TP16).
+{gb10_analysis()}
 
 ## Engine options and their derivations
 
@@ -371,7 +529,11 @@ source (`srt/arg_groups/parallel_hook.py` `handle_data_parallelism`, `srt/arg_gr
 - Speculative decoding (MTP/EAGLE): a verify step carries d + 1 tokens per request, reads the KV once (×1.1),
   pays 0.1·a per draft token and yields the accept length per request. Off except in the fitted profile.
 - `max_running_requests` per rank: SGLang's default formula, or the deployment's value // dp_size.
-- Per-request overhead (tokenisation and HTTP before the scheduler): off except in the fitted profile.
+- Per-request overhead (tokenisation and HTTP before the scheduler): off except in the fitted profile and in
+  `b300-tp4-fp8`, which takes the fitted front-end constants.
+- Plain data parallelism (`--tp 4 --dp 2`, no DP attention): `_b300(gpus=4)` is one replica on half the node
+  (whole weights, its own KV and radix cache), simulated as two backends behind `direct` (SGLang's
+  DataParallelController round robin).
 - Mixed chunk and the prefill delayer (`prefill_delayer_max_delay_passes` 30): modelled, off by default as in
   SGLang.
 

@@ -57,6 +57,11 @@ Engine options, each a ``Profile`` field with its derivation in ``_b300``:
 - **Per-request fixed overhead** (``request_overhead_s`` + prompt / ``tokenize_tokens_per_s``):
   TokenizerManager tokenises every prompt and the HTTP layer parses it before the scheduler sees
   it; 0 (not modelled) except where fitted.
+- **Plain data parallelism** (``gpus`` < 8: ``--tp 4 --dp 2`` without DP attention): each replica is
+  a whole TP4 server on half the node (full weights, so 3.14M fp8 tokens of KV each), simulated as
+  ``--backends 2 --policy direct`` because SGLang's DataParallelController round-robins requests
+  over the replicas by default (``load_balance_method`` ``round_robin``): the named miss source of
+  ``b300-tp4-fp8``, the collapsing profile.
 - **Mixed chunk** (``--enable-mixed-chunk``) and the **prefill delayer** (``--enable-prefill-delayer``,
   ``prefill_delayer_max_delay_passes`` 30 in ``srt/arg_groups/fields/schedule.py``): both off by
   default, as in SGLang.
@@ -142,8 +147,9 @@ def _b300(
     attn_fp8: bool = False,
     cp: int = 1,
     fit: Fit | None = None,
+    gpus: int = 8,
+    front_end: Fit | None = None,
 ) -> Profile:
-    gpus = 8
     kv_bytes = LATENT_ELEMS * kv_dtype_bytes  # replicated on every TP rank; per rank under DP
     mem = 0.90 * B300_HBM  # default mem_fraction_static on a 288 GB GPU (§3.1)
     w_gpu = W_TOTAL / gpus
@@ -186,10 +192,11 @@ def _b300(
     attn_where = f"{cp} GPUs (context-parallel group)" if cp > 1 else str(attn_tp)
     peak_txt = f"{attn_peak / 1e15:.2f} PF {'FP8' if attn_fp8 else 'bf16'}"
     lines = [
-        f"{name}: Kimi K2-class INT4 weights on one 8×B300 node, {f'DP{dp} attention' if dp_ else 'TP8'}, {dtype} KV"
+        f"{name}: Kimi K2-class INT4 weights on {'one 8×B300 node' if gpus == 8 else f'{gpus} B300 GPUs'},"
+        f" {f'DP{dp} attention' if dp_ else f'TP{gpus}'}, {dtype} KV"
         + (f", FP8 context-parallel (CP{cp}) prefill attention." if cp > 1 else "."),
         f"KV bytes per token per GPU = 35,136 × {kv_dtype_bytes} = {kv_bytes:,} B "
-        f"({'each rank holds only its own requests' if dp_ else 'replicated on all 8 TP ranks'}).",
+        f"({'each rank holds only its own requests' if dp_ else f'replicated on all {gpus} TP ranks'}).",
         f"Capacity: 0.90 × 288 GB = {mem / 1e9:.0f} GB per GPU − weights {w_gpu / 1e9:.1f} GB"
         f"{' (incl. replicated attention)' if dp_ else ''} = {kv_gpu / 1e9:.1f} GB",
         f"  → C = {c:,} tokens per {'rank' if dp_ else 'server'} (page {page}: trtllm_mla on SM100 needs 32/64).",
@@ -197,7 +204,7 @@ def _b300(
         + (
             f"1 / (6.2B-param attention projections on the rank's {attn_tp} GPU(s) + the rest EP over 8)"
             if dp_
-            else "8 × 2.25 PF × U_LIN / 6.4e10"
+            else f"{gpus} × 2.25 PF × U_LIN / 6.4e10"
         )
         + f" = {r_lin:,.0f} tok/s at U_LIN = {u_lin};",
         f"  k_attn = 2.5e6 / ({attn_where} × {peak_txt} × U_ATTN) = {k_attn:.3g} s per token·ctx"
@@ -222,6 +229,16 @@ def _b300(
             else f" (--max-running-requests {fit.max_running_total} // dp_size {dp})."
         ),
     ]
+    if gpus < 8:
+        lines += [
+            f"One of {8 // gpus} replicas on the node: SGLang's plain data parallelism (--tp {gpus} --dp {8 // gpus},"
+            " no DP attention) runs",
+            "  independent schedulers, each with the whole model and its own radix cache, and the",
+            "  DataParallelController's default load_balance_method round_robin sends each request to the next",
+            f"  one: simulate with --backends {8 // gpus} --policy direct. A turn lands on the replica that served the",
+            "  conversation's previous turn about half the time; otherwise it recomputes every turn since its last",
+            "  visit there (the miss source of the collapsing deployment), and each replica holds every conversation.",
+        ]
     if host_tokens:
         lines += [
             f"Host tier (HiCache): {host_tokens:,} tokens of evicted KV in host DRAM; a hit loads at 50 GB/s per GPU",
@@ -248,6 +265,16 @@ def _b300(
             " every other constant is derived as above;",
             f"  MTP speculative decoding with {fit.spec_draft_tokens} draft token(s),"
             f" accept length {fit.spec_accept_length}.",
+        ]
+    elif front_end is not None:
+        # The same SGLang front end (TokenizerManager, HTTP) on the same prompts: the good deployment's
+        # fitted tokenisation constants, not re-fitted here.
+        fitted = ("tokenize_tokens_per_s", "request_overhead_s")
+        overhead, tok_rate = front_end.request_overhead_s, front_end.tokenize_tokens_per_s
+        lines += [
+            f"Front end: per-request overhead {overhead * 1e3:.0f} ms + prompt / {tok_rate:,.0f} tokens/s"
+            " (tokenisation, HTTP), the constants FITTED on b300-dp8-fp8-cp (same SGLang front end),",
+            "  not re-fitted; every other constant is derived as above.",
         ]
     doc = "\n".join(lines)
     return Profile(
@@ -322,6 +349,7 @@ def _build() -> dict[str, Profile]:
         _b300("b300-tp8-fp8-hicache", kv_dtype_bytes=1, host_tokens=8_000_000),
         _b300("b300-dp8-fp8", kv_dtype_bytes=1, dp=8),
         _b300("b300-dp2-bf16", kv_dtype_bytes=2, dp=2),
+        _b300("b300-tp4-fp8", kv_dtype_bytes=1, gpus=4, front_end=GOOD_FIT),
         _b300("b300-dp8-fp8-cp", kv_dtype_bytes=1, dp=8, attn_fp8=True, cp=8, fit=GOOD_FIT),
         gb10("gb10x16-tp4pp4-fp8", tp=4, pp=4),
         gb10("gb10x16-tp16-fp8", tp=16, pp=1),

@@ -36,6 +36,7 @@ def test_binding_names_exist_and_unknown_lists_them() -> None:
         ("b300-dp8-fp8", 4.9e6),
         ("b300-dp8-fp8-cp", 4.9e6),
         ("b300-dp2-bf16", 2.6e6),  # DP2: each rank's 4 GPUs hold its latents, like TP4
+        ("b300-tp4-fp8", 3.14e6),  # one whole-model replica of --tp 4 --dp 2
         ("gb10x16-tp4pp4-fp8", 7.4e6),
         ("gb10x16-tp16-fp8", 1.9e6),
         ("tiny", 64e3),

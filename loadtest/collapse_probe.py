@@ -1,0 +1,133 @@
+"""Where a collapsing profile's time and misses go: the figures behind the collapse analysis of
+``docs/calibration.md``.
+
+    python -m loadtest.collapse_probe --profile b300-tp4-fp8 --backends 2 --conversations 16,48 --seed 1
+
+For each level (``--policy direct``, ``coding-agent``, the window after warm-up): the share of engine
+time in prefill and decode passes, the share of prompt tokens computed rather than served from the
+cache, retractions, and the turns split by whether the conversation's previous turn went to the same
+backend (the miss source of round robin over replicas) and by hit class (cached / prompt below 0.5,
+0.5-0.9, above 0.9), with their median TTFT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+from typing import Any
+
+from backends.sim.engine import Engine, EngineEvent, get_profile
+from loadtest.metrics import RequestRecord
+from loadtest.simulate import SimConfig, Simulator, build_core
+from loadtest.workload import make_workload
+
+
+class _TimedEngine(Engine):
+    """An engine that adds up its passes' durations by kind once the window has opened."""
+
+    def __init__(self, *args: Any, warm: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.warm = warm
+        self.pass_time: dict[str, float] = {"prefill": 0.0, "decode": 0.0, "mixed": 0.0}
+        self.window_counters: tuple[int, int, int] | None = None
+
+    def complete(self) -> list[EngineEvent]:
+        end = self._pass_end
+        if end is not None and end > self.warm:
+            if self.window_counters is None:
+                c = self.counters
+                self.window_counters = (c.prefill_compute_tokens, c.prefill_cache_tokens, c.retractions)
+            seen: set[str] = set()
+            for rk in self._ranks:  # a pass lasts as long as its slowest rank: count it once per kind
+                if rk.work is not None and rk.work[0] not in seen:
+                    seen.add(rk.work[0])
+                    self.pass_time[rk.work[0]] += rk.work[2]
+        return super().complete()
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
+def probe(profile: str, backends: int, conversations: int, seed: int, minutes: float, warmup: float) -> dict[str, Any]:
+    cfg = SimConfig(
+        profile=profile,
+        backends=backends,
+        conversations=conversations,
+        seed=seed,
+        minutes=minutes,
+        warmup_minutes=warmup,
+    )
+    p = get_profile(profile)
+    warm = warmup * 60.0
+    engines = {f"b{i}": _TimedEngine(p, warm=warm) for i in range(backends)}
+    workload = make_workload("coding-agent", seed=seed)
+    sim = Simulator(cfg, build_core("direct"), dict(engines), workload)
+    records = sim.run()
+    busy = {k: sum(e.pass_time[k] for e in engines.values()) for k in ("prefill", "decode", "mixed")}
+    total = sum(busy.values()) or 1.0
+    computed = cached = retractions = 0
+    for e in engines.values():
+        c0 = e.window_counters or (0, 0, 0)
+        computed += e.counters.prefill_compute_tokens - c0[0]
+        cached += e.counters.prefill_cache_tokens - c0[1]
+        retractions += e.counters.retractions - c0[2]
+    served = [r for r in records if r.arrival >= sim.warm and r.first_token is not None and r.first_token < sim.end]
+    window = {id(r) for r in served}
+    by_slot: dict[int | None, list[RequestRecord]] = {}
+    for r in sorted(records, key=lambda r: r.arrival):
+        by_slot.setdefault(r.slot, []).append(r)
+    switch: dict[str, list[tuple[float, float]]] = {"same": [], "switched": []}
+    for turns in by_slot.values():
+        for prev, cur in itertools.pairwise(turns):
+            if id(cur) not in window or cur.prompt_tokens < prev.prompt_tokens:
+                continue  # outside the window, or the first turn of a new conversation
+            assert cur.first_token is not None
+            key = "same" if prev.backend == cur.backend else "switched"
+            switch[key].append((cur.cached_tokens / cur.prompt_tokens, cur.first_token - cur.arrival))
+    classes: dict[str, list[float]] = {"<0.5": [], "0.5-0.9": [], ">0.9": []}
+    for r in served:
+        assert r.first_token is not None
+        hit = r.cached_tokens / r.prompt_tokens if r.prompt_tokens else 1.0
+        key = "<0.5" if hit < 0.5 else ("0.5-0.9" if hit <= 0.9 else ">0.9")
+        classes[key].append(r.first_token - r.arrival)
+    return {
+        "conversations": conversations,
+        "prefill_time_share": round((busy["prefill"] + busy["mixed"]) / total, 3),
+        "computed_share": round(computed / max(1, computed + cached), 3),
+        "retractions": retractions,
+        "turns": len(served),
+        "switch": {
+            k: {"turns": len(v), "hit_mean": round(statistics.fmean(h for h, _ in v), 2) if v else None}
+            | {"ttft_p50_s": _median([t for _, t in v])}
+            for k, v in switch.items()
+        },
+        "hit_classes": {k: {"turns": len(v), "ttft_p50_s": _median(v)} for k, v in classes.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="b300-tp4-fp8")
+    ap.add_argument("--backends", type=int, default=2)
+    ap.add_argument("--conversations", default="16,48")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--minutes", type=float, default=20.0)
+    ap.add_argument("--warmup-minutes", type=float, default=5.0)
+    a = ap.parse_args()
+    for n in (int(x) for x in a.conversations.split(",")):
+        row = probe(a.profile, a.backends, n, a.seed, a.minutes, a.warmup_minutes)
+        sw, hc = row["switch"], row["hit_classes"]
+        print(
+            f"{a.profile} x{a.backends} seed {a.seed} @{n}: prefill {row['prefill_time_share']:.0%} of engine time, "
+            f"{row['computed_share']:.0%} of prompt tokens computed, {row['retractions']} retractions; "
+            f"previous turn on the same backend: {sw['same']['turns']} turns, hit {sw['same']['hit_mean']}, "
+            f"TTFT p50 {sw['same']['ttft_p50_s']} s; on the other: {sw['switched']['turns']} turns, "
+            f"hit {sw['switched']['hit_mean']}, TTFT p50 {sw['switched']['ttft_p50_s']} s; by hit class "
+            + ", ".join(f"{k}: {v['turns']} turns p50 {v['ttft_p50_s']} s" for k, v in hc.items())
+        )
+
+
+if __name__ == "__main__":
+    main()
