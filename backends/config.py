@@ -36,6 +36,13 @@ class BackendConfig(_Strict):
     """Name of an environment variable holding the upstream key (preferred over ``api_key``)."""
     surfaces: dict[SurfaceName, SurfaceMode] = Field(default_factory=dict)
     """Per surface, overrides the model's ``surfaces`` (e.g. ``{responses: passthrough}``)."""
+    host_tier_tokens: int = Field(0, ge=0)
+    """HiCache host-tier tokens per DP rank (SGLang ``--enable-hierarchical-cache``: host memory over the
+    KV bytes per token). SGLang does not report it, so admission only counts the tier when it is set here
+    (with ``host_load_tokens_per_s``); 0: no host tier."""
+    host_load_tokens_per_s: float = Field(0.0, ge=0)
+    """How fast a host-tier hit is loaded back to the GPU, tokens/s (host-to-GPU bandwidth over the KV
+    bytes per token per GPU; ~1.4M on 8×B300 with fp8 KV); 0: no host tier."""
 
     @field_validator("url")
     @classmethod
@@ -46,6 +53,8 @@ class BackendConfig(_Strict):
 
     @model_validator(mode="after")
     def _name(self) -> BackendConfig:
+        if (self.host_tier_tokens > 0) != (self.host_load_tokens_per_s > 0):
+            raise ValueError("host_tier_tokens and host_load_tokens_per_s are set together (a host tier needs both)")
         if not self.name:
             self.name = self.url.split("://", 1)[1].split("/", 1)[0]
         return self

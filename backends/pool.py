@@ -46,7 +46,7 @@ class Backend:
     max_running_requests: int = 0
     """Per DP rank (``/get_server_info``; 0: unknown): a seat budget as much as the token pool."""
     host_tokens: int = 0
-    """Host-tier (HiCache) tokens per DP rank (0: none or not reported)."""
+    """Host-tier (HiCache) tokens per DP rank (0: none; from the config's ``host_tier_tokens``)."""
     reload_tokens_per_s: float = 0.0
     """How fast a host-tier hit is loaded back (0: no host tier)."""
     running: int = 0
@@ -149,6 +149,8 @@ class BackendPool:
                     model_surfaces={str(k): str(v) for k, v in model.surfaces.items()},
                     breaker=Breaker(**config.breaker),
                     clock=clock,
+                    host_tokens=b.host_tier_tokens,  # SGLang does not report its host tier: configured
+                    reload_tokens_per_s=b.host_load_tokens_per_s,
                 )
                 for b in model.backends
             ]

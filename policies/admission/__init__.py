@@ -58,11 +58,24 @@ A seat's budget counts every tier a backend reports, not only its GPU pool:
   seats are all taken while others wait, a seat idle ``full_idle_release_s`` (10 s, above the
   longest think time) is released, so an ended conversation frees its seat at once.
 
+  The host tier is not reported by SGLang: the live gateway takes it from a backend's config
+  (``host_tier_tokens``, ``host_load_tokens_per_s`` in ``backends/config.py``).
+
+Lending (off by default)
+------------------------
+With ``lend_free`` > 0, a waiter that the running cap (not the KV) keeps from a seat borrows a running
+slot for one turn (a one-shot seat, released when the turn ends) on a rank with at least ``lend_free``
+running slots free and fewer than ``lend_max`` lent turns in flight; when the router believes some rank
+holds ``lend_cached`` of its prompt, only there (a lent turn on another rank recomputes its context,
+which under DP attention stalls every rank). It trades the median and p95 TTFT (every lent turn has
+waited) for much shorter waits for a seat: docs/benchmarks.md has the figures.
+
 Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900,
 ``rotate_on`` "waiter", ``min_hold_s`` 20, ``idle_release_s`` 30, ``default_output`` 1024,
 ``output_clip`` 4096 (SGLang's own clip), ``input_weight`` 1 and ``output_weight`` 1 (tokens
 charged to a team's counter per token served), ``host_water`` 1.0, ``swap_overhead`` 0.01,
-``running_overbook`` 1.2, ``full_idle_release_s`` 10.
+``running_overbook`` 1.2, ``full_idle_release_s`` 10, ``lend_free`` 0, ``lend_max`` 1,
+``lend_cached`` 0.5.
 Figures behind these choices: docs/benchmarks.md.
 
 Modules, one job each: ``params.py`` (``SeatParams``), ``records.py`` (seats, waiters, running

@@ -35,7 +35,8 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
     Parameters (``SeatParams``) and defaults: ``admit_water`` 0.85, ``high_water`` 0.95,
     ``quantum_s`` 900, ``rotate_on`` "waiter", ``min_hold_s`` 20, ``idle_release_s`` 30,
     ``default_output`` 1024, ``output_clip`` 4096, ``input_weight`` 1, ``output_weight`` 1,
-    ``host_water`` 1.0, ``swap_overhead`` 0.01, ``running_overbook`` 1.2, ``full_idle_release_s`` 10.
+    ``host_water`` 1.0, ``swap_overhead`` 0.01, ``running_overbook`` 1.2, ``full_idle_release_s`` 10,
+    ``lend_free`` 0 (lending off), ``lend_max`` 1, ``lend_cached`` 0.5.
     Team limits (``TeamLimits``) come from ``teams`` (``default_team`` for those not listed).
     """
 
@@ -279,13 +280,14 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         reason: str,
         scores: dict[str, float] | None = None,
         matched_tokens: int | None = None,
+        lent: bool = False,
     ) -> Dispatch:
         team = self.team(w.req.team, now)
         seat = self.seats.get(w.key)
         if seat is None or seat.slot != slot:
             if seat is not None:
                 self._release(seat)
-            seat = Seat(w.key, w.req.model, slot, w.req.team, 0, now, now, one_shot=w.one_shot)
+            seat = Seat(w.key, w.req.model, slot, w.req.team, 0, now, now, one_shot=w.one_shot or lent)
             self.seats[w.key] = seat
         seat.tokens = self._reserve(seat, max(seat.tokens, w.need))
         seat.busy += 1
@@ -302,7 +304,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         team.charge(charged)
         team.inflight += 1
         team.dispatched(now)
-        self.running[w.req.rid] = Running(w, slot, charged)
+        self.running[w.req.rid] = Running(w, slot, charged, lent)
         decision = Dispatch(w.req.rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
         self.router.dispatched(w.req, decision, now)
         return decision
@@ -361,6 +363,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             place = self._place(w, now, avoid=held.get(w.req.model))
             if place is None and head and self._make_room(w, now):
                 place = self._place(w, now)
+            lent = place is None and (place := self._lend(w, now)) is not None
             if place is None:
                 if head:
                     held[w.req.model] = self._head_slot(w)
@@ -368,7 +371,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                     smallest_failed[w.req.model] = min(w.need, smallest_failed.get(w.req.model, 1 << 62))
                 continue
             self._take(w)
-            decisions.append(self._dispatch(w, place.slot, now, place.reason, place.scores, place.matched_tokens))
+            decisions.append(self._dispatch(w, place.slot, now, place.reason, place.scores, place.matched_tokens, lent))
         return decisions
 
     def _take(self, w: Waiter) -> None:

@@ -11,7 +11,7 @@ most-served team first, then oldest seat. Parameters and defaults: ``SeatParams`
 
 from __future__ import annotations
 
-from policies.admission.records import Placement, Seat, Waiter
+from policies.admission.records import Placement, Running, Seat, Waiter
 from policies.admission.sizing import SeatSizing
 from policies.request_limits import can_hold, head_slot
 from policies.routing import Router
@@ -24,6 +24,7 @@ class FairOrder(SeatSizing):
 
     teams: dict[str, TeamState]
     router: Router
+    running: dict[str, Running]
 
     def _band(self, w: Waiter) -> int:
         return self.teams[w.req.team].limits.priority + w.req.priority
@@ -52,6 +53,45 @@ class FairOrder(SeatSizing):
         }
         if not fitting:
             return None
+        return self._choose(w, fitting, now)
+
+    def _lend(self, w: Waiter, now: float) -> Placement | None:
+        """A slot whose running cap, not its KV, keeps ``w`` from a seat while at least ``lend_free`` of its
+        running slots are free now: ``w`` borrows one for this turn (a one-shot seat, released when the
+        turn ends). Seated conversations spend part of each cycle thinking; lending their idle running
+        slots keeps the cap busy without seating more conversations than it serves."""
+        p = self.params
+        if p.lend_free <= 0:
+            return None
+        busy: dict[Slot, int] = {}
+        lent: dict[Slot, int] = {}
+        for run in self.running.values():
+            busy[run.slot] = busy.get(run.slot, 0) + 1
+            if run.lent:
+                lent[run.slot] = lent.get(run.slot, 0) + 1
+        slots = self._slots(w.req.model, w.req.exclude)
+        matched = {s: self.router.matched_tokens(w.req, *s) or 0 for s, _ in slots}
+        best = max(matched.values(), default=0)
+        if best >= p.lend_cached * w.req.prompt_tokens:
+            slots = [(s, c) for s, c in slots if matched[s] >= best]  # where its KV is: no recompute
+        fitting = set()
+        for slot, cap in slots:
+            running_cap = self._running_cap(slot)
+            budget = self._budget(cap)
+            if (
+                busy.get(slot, 0) + p.lend_free <= running_cap
+                and lent.get(slot, 0) < p.lend_max
+                and self.reserved.get(slot, 0) + min(w.need, budget) <= budget
+                and can_hold(w.req.prompt_tokens, cap, p.high_water)
+            ):
+                fitting.add(slot)
+        if not fitting:
+            return None
+        place = self._choose(w, fitting, now)
+        return Placement(place.slot, "lent", place.scores, place.matched_tokens)
+
+    def _choose(self, w: Waiter, fitting: set[Slot], now: float) -> Placement:
+        """The router's choice among ``fitting`` slots, else the one with the least reserved."""
         entry = self.models[w.req.model]
         names = {slot[0] for slot in fitting}
         choice = self.router.route(w.req, [v for n, v in entry.views.items() if n in names], now)

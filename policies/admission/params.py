@@ -14,12 +14,15 @@ class SeatParams:
     ``Σ seats + need ≤ admit_water · C · share``, a seated conversation grows up to ``high_water · C``;
     ``C = C_gpu + host_water · C_host`` with a host tier; a waiter may take an idle seat after
     ``clip(swap_s / swap_overhead, min_hold_s, quantum_s)`` (``quantum_s`` without a host tier); a rank
-    holds at most ``ceil(running_overbook · max_running_requests · share)`` seats.
+    holds at most ``ceil(running_overbook · max_running_requests · share)`` seats; with ``lend_free`` > 0 a
+    waiter borrows a running slot for one turn where at least ``lend_free`` are free and fewer than
+    ``lend_max`` lent turns run (only where its prefix is cached when some rank holds ``lend_cached`` of it).
 
     Defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900, ``rotate_on`` "waiter",
     ``min_hold_s`` 20, ``idle_release_s`` 30, ``default_output`` 1024, ``output_clip`` 4096,
     ``input_weight`` 1, ``output_weight`` 1, ``host_water`` 1.0, ``swap_overhead`` 0.01,
-    ``running_overbook`` 1.2, ``full_idle_release_s`` 10.
+    ``running_overbook`` 1.2, ``full_idle_release_s`` 10, ``lend_free`` 0 (off), ``lend_max`` 1,
+    ``lend_cached`` 0.5.
     """
 
     high_water: float = 0.95
@@ -39,3 +42,11 @@ class SeatParams:
     swap_overhead: float = 0.01
     running_overbook: float = 1.2
     full_idle_release_s: float = 10.0
+    # Lending (off by default; docs/benchmarks.md has the trade-off): see "Lending" in the package docstring.
+    lend_free: int = 0
+    """A waiter that the running cap (not the KV) keeps from a seat borrows a running slot for one turn on
+    a rank with at least this many running slots free (0: never lend)."""
+    lend_max: int = 1
+    """Lent turns in flight per rank at most."""
+    lend_cached: float = 0.5
+    """A waiter of which some rank holds this share of the prompt (the router's belief) borrows only there."""

@@ -37,6 +37,7 @@ class Running:
     waiter: Waiter
     slot: Slot
     charged: float
+    lent: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,13 @@ class SeatSizing:
             return float("inf")
         return math.ceil(self.params.running_overbook * view.max_running_requests * self.share - 1e-9)
 
+    def _running_cap(self, slot: Slot) -> float:
+        """Requests a rank runs at once, this replica's share (0 when unknown: nothing is lent)."""
+        view = self._view_of(slot[0])
+        if view is None or view.max_running_requests <= 0:
+            return 0.0
+        return math.floor(view.max_running_requests * self.share + 1e-9)
+
     def _seats_on(self, slot: Slot) -> int:
         return sum(1 for seat in self.seats.values() if seat.slot == slot)
 
