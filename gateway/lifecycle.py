@@ -94,8 +94,10 @@ class RequestPath:
         except Exception:
             # A bug, not a request's fault: a 500 in the surface's envelope if nothing was sent yet
             # (this route runs outside Starlette's error middleware: gateway/app.py, GatewayApp).
-            if access_record(scope).status:
+            record = access_record(scope)
+            if record.status:
                 raise
+            record.status = 500
             log.exception("unhandled error on POST %s", scope.get("path"))
             reply = self.surface.error(GatewayError(500, "Internal server error.", "internal_error"))
             with contextlib.suppress(Exception):
