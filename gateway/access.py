@@ -150,4 +150,7 @@ class AccessLog:
             record.status = status
             self.metrics.http_requests.labels(method if method in METHODS else "OTHER", record.route, str(status)).inc()
             if self.fmt != "off" and log.isEnabledFor(logging.INFO):
-                log.info(record.json() if self.fmt == "json" else record.text())
+                line = record.json() if self.fmt == "json" else record.text()
+                # handle() a record made here: log.info() would also walk the stack for the caller's
+                # file and line, which no access-log format shows.
+                log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None))

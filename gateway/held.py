@@ -35,13 +35,23 @@ class HeldOpen:
         self._status = 200
         self._error = b""
         self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
+        # A timer, and a task only if it fires: most requests are dispatched long before, and a
+        # task made and cancelled per streamed request was a measurable part of a short one.
         if self.after_s > 0:
-            self._task = asyncio.create_task(self._run(), name=f"held-{self.rid}")
+            self._timer = asyncio.get_running_loop().call_later(self.after_s, self._open)
+
+    def _open(self) -> None:
+        self._timer = None
+        self._task = asyncio.create_task(self._run(), name=f"held-{self.rid}")
 
     async def stop(self) -> None:
         """The wait is over: no more keep-alives (the answer follows through ``send``)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -49,7 +59,6 @@ class HeldOpen:
             self._task = None
 
     async def _run(self) -> None:
-        await asyncio.sleep(self.after_s)
         self.opened = True
         await self._send(
             {

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import time
-import uuid
 
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
@@ -33,6 +34,8 @@ from gateway.upstream import Exchange
 from gateway.worker import Gateway
 from policies.prefix import request_fingerprint, total_tokens
 from policies.types import Outcome, RequestFacts
+
+log = logging.getLogger("cachegate")
 
 
 async def read_body(receive: Receive, headers: Headers, limit: int) -> bytes | None:
@@ -86,8 +89,24 @@ class RequestPath:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._handle(scope, receive, send)
+        except Exception:
+            # A bug, not a request's fault: a 500 in the surface's envelope if nothing was sent yet
+            # (this route runs outside Starlette's error middleware: gateway/app.py, GatewayApp).
+            record = access_record(scope)
+            if record.status:
+                raise
+            record.status = 500
+            log.exception("unhandled error on POST %s", scope.get("path"))
+            reply = self.surface.error(GatewayError(500, "Internal server error.", "internal_error"))
+            with contextlib.suppress(Exception):
+                await send_bytes(send, reply.status, reply.body, reply.content_type, reply.headers)
+            raise
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gw
-        rid = f"cg-{uuid.uuid4().hex}"
+        rid = f"cg-{os.urandom(16).hex()}"  # as random as uuid4, without building a UUID
         arrived = time.monotonic()
         headers = Headers(scope=scope)
         trace = gw.telemetry.begin(self.surface.name, headers)
@@ -125,21 +144,30 @@ class RequestPath:
             elif message["type"] == "http.response.start" and not record.status:
                 record.status = int(message["status"])  # the status the client got, for the access log
 
-        work = asyncio.create_task(self._serve(rid, team, req, arrived, send_tracked, record))
-        watcher = asyncio.create_task(_wait_disconnect(receive))
+        # The work runs in this task; one watcher task cancels it if the client leaves (cheaper than
+        # a second task and asyncio.wait per request). uvicorn's receive() also says "disconnect"
+        # once the response is complete: not a client leaving.
+        task = asyncio.current_task()
+        assert task is not None
         client_left = False
+
+        async def watch() -> None:
+            nonlocal client_left
+            await _wait_disconnect(receive)
+            if not complete:
+                client_left = True
+                task.cancel()
+
+        watcher = asyncio.create_task(watch())
         try:
-            done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            # uvicorn's receive() also says "disconnect" once the response is complete: not a client leaving.
-            client_left = watcher in done and not complete
-            if client_left:
-                work.cancel()
-            else:
-                watcher.cancel()
-            for task in (work, watcher):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await self._serve(rid, team, req, arrived, send_tracked, record)
+        except asyncio.CancelledError:
+            if not client_left:
+                raise
         finally:
+            watcher.cancel()
+            if client_left and task.cancelling():
+                task.uncancel()
             trace.end(client_left=client_left)
 
     async def _serve(

@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
                         str(port),
                         "--log-level",
                         "warn",
+                        "--prometheus-port",  # not the default 29000: another router there made this one exit
+                        str(free_port()),
                     ],
                     f"http://127.0.0.1:{port}/health",
                 )

@@ -1,6 +1,6 @@
 """The load generator of the relay benchmark: its own process, uvloop, raw protocols (no HTTP library).
 
-    python -m loadtest.relay_load streams --port P --streams N --tokens K [--ramp S]
+    python -m loadtest.relay_load streams --port P --streams N --tokens K [--ramp S] [--procs 2]
     python -m loadtest.relay_load short --port P --connections C --seconds T [--rate R]
 
 ``streams`` opens N concurrent streamed chat requests (spread over ``--ramp`` seconds) and reads
@@ -8,6 +8,8 @@ each to ``[DONE]``; every content chunk of the synthetic upstream (loadtest/rela
 carries its send time, so the transit through the server in between is measured per chunk.
 ``short`` keeps C keep-alive connections busy with non-streamed requests for T seconds (at R requests/s
 in all, or each as fast as it is answered).
+``--procs``: the streams are split over that many processes (the load generator must not be what
+saturates: at 2,000 streams × 10 chunks/s one process was busy most of the time).
 Prints one JSON object: completed, errors by kind, chunks, transit p50/p99 (ms), requests.
 """
 
@@ -225,6 +227,30 @@ async def run_short(port: int, connections: int, seconds: float, rate: float) ->
     return stats
 
 
+def _streams_part(args: tuple[int, int, int, float, float]) -> Stats:
+    import uvloop
+
+    return uvloop.run(run_streams(*args))
+
+
+def run_streams_split(port: int, streams: int, tokens: int, ramp: float, timeout: float, procs: int) -> Stats:
+    """``run_streams`` over ``procs`` processes (each its share, over the same ramp), merged."""
+    if procs <= 1 or streams < procs:
+        return _streams_part((port, streams, tokens, ramp, timeout))
+    import multiprocessing
+
+    shares = [streams // procs + (1 if i < streams % procs else 0) for i in range(procs)]
+    with multiprocessing.get_context("fork").Pool(procs) as pool:
+        parts = pool.map(_streams_part, [(port, n, tokens, ramp, timeout) for n in shares])
+    stats = Stats()
+    for part in parts:
+        stats.completed += part.completed
+        stats.errors.update(part.errors)
+        stats.chunks += part.chunks
+        stats.transit += part.transit
+    return stats
+
+
 def _q(values: list[float], q: float) -> float:
     return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 2) if values else float("nan")
 
@@ -240,12 +266,13 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=0.0, help="short: requests/s in all (0: as fast as answered)")
+    parser.add_argument("--procs", type=int, default=2, help="streams: processes to split the streams over")
     args = parser.parse_args()
     import uvloop
 
     t0 = time.monotonic()
     if args.mode == "streams":
-        stats = uvloop.run(run_streams(args.port, args.streams, args.tokens, args.ramp, args.timeout))
+        stats = run_streams_split(args.port, args.streams, args.tokens, args.ramp, args.timeout, args.procs)
     else:
         stats = uvloop.run(run_short(args.port, args.connections, args.seconds, args.rate))
     stats.transit.sort()

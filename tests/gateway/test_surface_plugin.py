@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -20,6 +21,7 @@ from tests.fake_upstream import SERVED, FakeUpstream
 from tests.gateway.asgi import config, running
 
 KEY, BLOCKED = "sk-ok", "sk-blocked"
+AUTH = {"authorization": f"Bearer {KEY}"}
 
 
 def _sse(kind: str, data: dict[str, Any]) -> bytes:
@@ -175,3 +177,22 @@ async def test_chat_and_completions_are_surfaces_too() -> None:
     surfaces = default_surfaces()
     assert {s.path for s in surfaces} == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
     assert all(isinstance(s, Surface) for s in surfaces)
+
+
+class CrashingSurface(ShoutSurface):
+    def parse(self, raw: bytes) -> ClientRequest:
+        raise RuntimeError("a bug in the surface")
+
+
+async def test_a_crash_on_a_surface_is_a_500_in_its_envelope(upstream: FakeUpstream) -> None:
+    # The surfaces' POSTs skip Starlette's error middleware (gateway/app.py GatewayApp): the request
+    # path answers its own crashes, in the surface's envelope, and the access log counts a 500.
+    async with _app(upstream.url, CrashingSurface()) as (app, _):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            response = await client.post("/v1/shout", json={"model": "kimi", "text": "hi"}, headers=AUTH)
+            metrics = (await client.get("/metrics")).text
+    assert response.status_code == 500
+    assert response.json() == {"type": "error", "error": {"type": "api_error", "message": "Internal server error."}}
+    assert response.headers["x-cachegate-code"] == "internal_error"
+    assert 'cachegate_http_requests_total{method="POST",route="/v1/shout",status="500"} 1.0' in metrics
