@@ -3,10 +3,11 @@
 It sits at the twin's door: the gateway's backend URL is the proxy's. Each POST it forwards counts
 as in flight for the team named in the body's ``user`` field (the chaos load puts its team there;
 the gateway passes it through untouched) from the moment it is sent to the twin until its response
-has been relayed whole or either side closed, so ``peak`` is the most requests of a team the backend
-ever had at once. Modes: ``ok`` (relay), ``5xx`` (answer POSTs 503 at once, as an engine in trouble),
-``hang`` (read every request, answer nothing until the mode changes: a hung engine, health checks
-included). Raw asyncio with minimal parsing (Content-Length bodies, chunked or sized responses).
+has been relayed whole or either side closed (a reset counts as a close: ``gone``), so ``peak`` is
+the most requests of a team the backend ever had at once. Modes: ``ok`` (relay), ``5xx`` (answer
+POSTs 503 at once, as an engine in trouble), ``hang`` (read every request, answer nothing until the
+mode changes: a hung engine, health checks included). Raw asyncio with minimal parsing (Content-Length
+bodies, chunked or sized responses).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ _USER = re.compile(rb'"user"\s*:\s*"([^"]{1,64})"')
 class Meter:
     """In-flight requests per team summed over every proxy (all the backends), and the peak.
 
-    A request whose gateway connection has already closed (EOF received, not yet handled by this
-    loop) is not counted in a peak: under CPU starvation this process may notice the close later
+    A request whose gateway connection has already closed (EOF or reset received, not yet handled by
+    this loop) is not counted in a peak: under CPU starvation this process may notice the close later
     than the gateway's next request arrives."""
 
     def __init__(self) -> None:
@@ -33,7 +34,7 @@ class Meter:
         self._open: dict[str, dict[int, asyncio.StreamReader]] = {}
 
     def live(self, team: str) -> int:
-        return sum(1 for r in self._open.get(team, {}).values() if not r.at_eof())
+        return sum(1 for r in self._open.get(team, {}).values() if not gone(r))
 
     def begin(self, team: str, client: asyncio.StreamReader) -> None:
         self.inflight[team] = self.inflight.get(team, 0) + 1
@@ -171,8 +172,16 @@ async def _relay_or_leave(
     return False
 
 
+def gone(reader: asyncio.StreamReader) -> bool:
+    """The gateway closed this connection: a FIN (EOF), or a reset. The gateway closes the upstream
+    connection of a request whose client left; with response bytes still unread in its socket, Linux
+    sends RST for that close, which sets the reader's exception and never its EOF (counting only EOF
+    kept such a request in flight until the engine's next byte: peaks of 5 against a limit of 4)."""
+    return reader.at_eof() or reader.exception() is not None
+
+
 async def _until_eof(reader: asyncio.StreamReader) -> None:
-    while not reader.at_eof():
+    while not gone(reader):
         await asyncio.sleep(0.02)
 
 
