@@ -1,8 +1,9 @@
 """The chaos suite's fault proxy counts a request in flight at the backend's door only while the
 gateway's connection is open: a connection the gateway resets (RST: it closed it with response
 bytes unread, as when its client left mid-stream) ends the request at once and closes the backend's
-connection (the engine aborts it), and is never counted in a later peak. Real sockets on loopback:
-a slow streaming upstream, the proxy, raw client sockets."""
+connection (the engine aborts it), and is never counted in a later peak; nor is one whose request
+and close arrived together while the proxy's loop was busy. Real sockets on loopback: a slow
+streaming upstream, the proxy, raw client sockets."""
 
 from __future__ import annotations
 
@@ -87,6 +88,61 @@ def test_a_reset_gateway_connection_ends_the_request_and_the_engines() -> None:
             assert meter.peak["a"] == 1 and meter.live("a") == 1  # the reset request is not counted
             second.close()  # FIN, with unread bytes: Linux resets it too
             assert await _until(lambda: meter.inflight["a"] == 0 and len(closed) == 2, 3.0) is not None
+        finally:
+            await proxy.stop()
+            upstream.close()
+            await upstream.wait_closed()
+
+    asyncio.run(main())
+
+
+async def _quick(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """An engine that answers each request at once (keep-alive)."""
+    with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0]))
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+            await writer.drain()
+    writer.close()
+
+
+def _idle_connection(port: int) -> socket.socket:
+    """A gateway connection that has had one answer: idle at the proxy, which waits for its next request."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(REQUEST)
+    got = b""
+    while not got.endswith(b"{}"):
+        got += sock.recv(1024)
+    return sock
+
+
+def test_a_close_that_arrived_with_its_request_during_a_stall_is_not_counted() -> None:
+    """While the proxy's loop is blocked, one idle gateway connection sends a request and closes (its
+    client left at once) and another sends a request: the loop reads both requests in one pass and
+    the first's FIN only in a later one. The peak is 1, not 2."""
+
+    async def main() -> None:
+        upstream = await asyncio.start_server(_quick, "127.0.0.1", 0)
+        meter = Meter()
+        proxy = FaultProxy(upstream.sockets[0].getsockname()[1], free_port(), meter)
+        await proxy.start()
+        loop = asyncio.get_running_loop()
+        try:
+            for _ in range(3):
+                left, other = await asyncio.gather(
+                    loop.run_in_executor(None, _idle_connection, proxy.port),
+                    loop.run_in_executor(None, _idle_connection, proxy.port),
+                )
+                assert await _until(lambda: meter.inflight.get("a") == 0, 3.0) is not None
+                meter.reset_peaks()
+                left.sendall(REQUEST)
+                left.close()  # FIN right behind the request
+                other.sendall(REQUEST)
+                time.sleep(0.05)  # the proxy's loop is busy (blocked on purpose)
+                await asyncio.sleep(0.2)
+                assert meter.peak["a"] == 1, meter.peak
+                other.close()
         finally:
             await proxy.stop()
             upstream.close()
