@@ -145,7 +145,7 @@ async def replica_kill(stack: Stack, probe: Probe, rng: random.Random) -> dict[s
     stack.replica_procs[j].kill()
     others = [u for k, u in enumerate(stack.urls) if k != j]
     detect = None
-    while others and time.monotonic() - t0 < 6:
+    while others and time.monotonic() - t0 < 3 * stack.lease_ttl_s:  # dropped after the lease TTL
         views = [v for v in [await stack.readyz(probe.client, u) for u in others] if v]
         if views and all(v.get("state", {}).get("replicas") == len(stack.replica_procs) - 1 for v in views):
             detect = time.monotonic() - t0
