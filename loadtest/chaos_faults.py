@@ -141,13 +141,16 @@ async def redis_flush(stack: Stack, probe: Probe, rng: random.Random) -> dict[st
 
 async def replica_kill(stack: Stack, probe: Probe, rng: random.Random) -> dict[str, Any]:
     j = rng.randrange(len(stack.replica_procs))
+    others = [u for k, u in enumerate(stack.urls) if k != j]
+    # Redis members, not processes: each replica runs one per worker (two on 2 cores with Redis)
+    before = [v.get("state", {}).get("replicas", 0) for v in [await stack.readyz(probe.client, u) for u in others] if v]
+    members = max(before, default=0)
     t0 = time.monotonic()
     stack.replica_procs[j].kill()
-    others = [u for k, u in enumerate(stack.urls) if k != j]
     detect = None
-    while others and time.monotonic() - t0 < 6:
+    while others and time.monotonic() - t0 < 3 * stack.lease_ttl_s:  # dropped after the lease TTL
         views = [v for v in [await stack.readyz(probe.client, u) for u in others] if v]
-        if views and all(v.get("state", {}).get("replicas") == len(stack.replica_procs) - 1 for v in views):
+        if views and all(v.get("state", {}).get("replicas", members) < members for v in views):
             detect = time.monotonic() - t0
             break
         await asyncio.sleep(0.1)

@@ -3,10 +3,11 @@
 It sits at the twin's door: the gateway's backend URL is the proxy's. Each POST it forwards counts
 as in flight for the team named in the body's ``user`` field (the chaos load puts its team there;
 the gateway passes it through untouched) from the moment it is sent to the twin until its response
-has been relayed whole or either side closed, so ``peak`` is the most requests of a team the backend
-ever had at once. Modes: ``ok`` (relay), ``5xx`` (answer POSTs 503 at once, as an engine in trouble),
-``hang`` (read every request, answer nothing until the mode changes: a hung engine, health checks
-included). Raw asyncio with minimal parsing (Content-Length bodies, chunked or sized responses).
+has been relayed whole or either side closed (``gone``: a FIN or a reset, seen or pending), so ``peak`` is
+the most requests of a team the backend ever had at once. Modes: ``ok`` (relay), ``5xx`` (answer
+POSTs 503 at once, as an engine in trouble), ``hang`` (read every request, answer nothing until the
+mode changes: a hung engine, health checks included). Raw asyncio with minimal parsing (Content-Length
+bodies, chunked or sized responses).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import select
 from collections.abc import Callable
+from typing import Any
 
 _USER = re.compile(rb'"user"\s*:\s*"([^"]{1,64})"')
 
@@ -22,22 +25,24 @@ _USER = re.compile(rb'"user"\s*:\s*"([^"]{1,64})"')
 class Meter:
     """In-flight requests per team summed over every proxy (all the backends), and the peak.
 
-    A request whose gateway connection has already closed (EOF received, not yet handled by this
-    loop) is not counted in a peak: under CPU starvation this process may notice the close later
-    than the gateway's next request arrives."""
+    A request whose gateway connection has already closed (``gone``: a FIN or a reset, handled by this
+    loop or still in the kernel) is not counted in a peak: under CPU starvation this process may
+    handle the close later than the gateway's next request."""
 
     def __init__(self) -> None:
         self.inflight: dict[str, int] = {}
         self.peak: dict[str, int] = {}
         self.forwarded = 0
-        self._open: dict[str, dict[int, asyncio.StreamReader]] = {}
+        self._open: dict[str, dict[int, tuple[asyncio.StreamReader, Any]]] = {}
 
     def live(self, team: str) -> int:
-        return sum(1 for r in self._open.get(team, {}).values() if not r.at_eof())
+        return sum(1 for r, sock in self._open.get(team, {}).values() if not gone(r, sock))
 
-    def begin(self, team: str, client: asyncio.StreamReader) -> None:
+    def begin(self, team: str, client: asyncio.StreamReader, sock: Any = None) -> None:
+        """``sock``: the gateway connection's socket (``get_extra_info("socket")``), looked at for a
+        close that this loop has not handled yet."""
         self.inflight[team] = self.inflight.get(team, 0) + 1
-        self._open.setdefault(team, {})[id(client)] = client
+        self._open.setdefault(team, {})[id(client)] = (client, sock)
         self.peak[team] = max(self.peak.get(team, 0), self.live(team))
         self.forwarded += 1
 
@@ -112,13 +117,14 @@ class FaultProxy:
                 if upstream is None:
                     upstream = await asyncio.open_connection("127.0.0.1", self.upstream_port, limit=1 << 20)
                 team = _team(body) if head.startswith(b"POST") else None
+                sock = writer.get_extra_info("socket")
                 if team is not None:
-                    self.meter.begin(team, reader)
+                    self.meter.begin(team, reader, sock)
                 try:
                     upstream[1].write(head + body)
                     await upstream[1].drain()
                     done = (lambda t=team: self.meter.end(t, reader)) if team is not None else (lambda: None)
-                    keep = await _relay_or_leave(upstream[0], reader, writer, done)
+                    keep = await _relay_or_leave(upstream[0], reader, sock, writer, done)
                 finally:
                     if team is not None:
                         self.meter.end(team, reader)
@@ -153,26 +159,52 @@ def _header_int(head: bytes, name: bytes) -> int:
 
 
 async def _relay_or_leave(
-    up: asyncio.StreamReader, client: asyncio.StreamReader, down: asyncio.StreamWriter, done: Callable[[], None]
+    up: asyncio.StreamReader,
+    client: asyncio.StreamReader,
+    sock: Any,
+    down: asyncio.StreamWriter,
+    done: Callable[[], None],
 ) -> bool:
     """Relay one response unless the client (the gateway) closes first: then False (close both).
     EOF is watched without reading, so no byte of a next request is ever taken."""
     relay = asyncio.create_task(_relay_response(up, down, done))
-    gone = asyncio.create_task(_until_eof(client))
+    left = asyncio.create_task(_until_eof(client, sock))
     try:
-        done, _ = await asyncio.wait({relay, gone}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({relay, left}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (relay, gone):
+        for task in (relay, left):
             if not task.done():
                 task.cancel()
-        await asyncio.gather(relay, gone, return_exceptions=True)
+        await asyncio.gather(relay, left, return_exceptions=True)
     if relay in done and not relay.cancelled() and relay.exception() is None:
         return relay.result()
     return False
 
 
-async def _until_eof(reader: asyncio.StreamReader) -> None:
-    while not reader.at_eof():
+def gone(reader: asyncio.StreamReader, sock: Any = None) -> bool:
+    """The gateway closed this connection (its client left): a FIN or a reset, handled by this loop
+    or still waiting in the kernel.
+
+    Both were once counted in flight, giving peaks of 5 against a limit of 4 when this process was
+    busy (oversized bodies): a reset (the gateway closed with response bytes unread: Linux sends RST)
+    sets the reader's exception, never its EOF; and after a stall the request's bytes and its FIN
+    arrive together, the loop reads the bytes in one pass and the FIN only in a later one, after
+    the next request has been counted. ``poll`` asks the kernel (Linux: POLLRDHUP for a FIN;
+    POLLERR and POLLHUP, always reported, for a reset) without reading."""
+    if reader.at_eof() or reader.exception() is not None:
+        return True
+    if sock is None:
+        return False
+    fd = sock.fileno()
+    if fd < 0:  # closed by this side
+        return True
+    poll = select.poll()
+    poll.register(fd, select.POLLRDHUP)
+    return bool(poll.poll(0))
+
+
+async def _until_eof(reader: asyncio.StreamReader, sock: Any) -> None:
+    while not gone(reader, sock):
         await asyncio.sleep(0.02)
 
 

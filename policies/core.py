@@ -35,8 +35,9 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import ClassVar, Literal
 
+from policies.request_limits import fits, never_runs
 from policies.routing import Router
-from policies.teams import TeamLimits, TeamState
+from policies.teams import TeamLimits, TeamState, teams_from_config
 from policies.types import BackendView, Decision, Outcome, Refuse, RequestFacts
 
 Hook = Literal["configure", "set_team", "set_share", "wake", "requeue", "team", "snapshot"]
@@ -126,24 +127,44 @@ class PassThroughCore(DecisionCore):
 
     This is the ``direct``, ``round-robin``, ``least-load`` and ``sglang-cache-aware`` stacks:
     the decision is the router's alone, and a request waits only inside the engine.
-    Refuses with ``no_healthy_backend`` (503) when the model has no healthy backend.
-    Hooks: none (no team limits, no shared state).
+    Refuses with ``no_healthy_backend`` (503) when the model has no healthy backend, and at once
+    with 400 a request that can never run (``policies/request_limits.py``, as the admission core:
+    ``context_length_exceeded`` against every healthy backend's context window and whole KV pool,
+    ``team_request_tokens`` past the team's ``max_request_tokens``): the engine would only refuse it
+    after queueing it. Hooks: ``configure`` and ``set_team`` (for ``max_request_tokens``; the other
+    team limits are not enforced, and no team leases are taken: ``team`` answers None).
     """
 
-    hooks: ClassVar[frozenset[Hook]] = frozenset()
+    hooks: ClassVar[frozenset[Hook]] = frozenset({"configure", "set_team"})
 
     def __init__(self, router: Router, name: str | None = None) -> None:
         self.router = router
         self.name = name or router.name
         self._backends: dict[str, list[BackendView]] = {}
         self._inflight: dict[str, tuple[str, RequestFacts]] = {}
+        self.limits: dict[str, TeamLimits] = {}
+        self._default = TeamLimits()
+
+    def configure(self, config: Mapping[str, object]) -> None:
+        """Only the teams' ``max_request_tokens`` matters here (the ``default`` entry for the others)."""
+        for name, limits in teams_from_config(config).items():
+            if name == "default":
+                self._default = limits
+            self.limits[name] = limits
+
+    def set_team(self, name: str, limits: TeamLimits, now: float = 0.0) -> None:
+        self.limits[name] = limits
 
     def set_backends(self, model: str, backends: Sequence[BackendView], now: float) -> list[Decision]:
         self._backends[model] = list(backends)
         return []
 
     def _route(self, req: RequestFacts, now: float, reason: str | None = None) -> list[Decision]:
-        candidates = [b for b in self._backends.get(req.model, []) if b.healthy and b.name not in req.exclude]
+        candidates = [
+            b
+            for b in self._backends.get(req.model, [])
+            if b.healthy and b.name not in req.exclude and fits(req, b, 1.0)
+        ]
         choice = self.router.route(req, candidates, now) if candidates else None
         if choice is None:
             return [
@@ -162,7 +183,9 @@ class PassThroughCore(DecisionCore):
         return [choice]
 
     def arrive(self, req: RequestFacts, now: float) -> list[Decision]:
-        return self._route(req, now)
+        # high water 1: no seats here, the engine may fill its whole KV pool
+        never = never_runs(req, self._backends.get(req.model, []), 1.0, self.limits.get(req.team, self._default))
+        return [never] if never is not None else self._route(req, now)
 
     def first_token(self, rid: str, now: float) -> list[Decision]:
         if rid in self._inflight:

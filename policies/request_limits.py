@@ -11,6 +11,9 @@ once, before it queues (``SeatedAdmission.arrive`` calls ``never_runs``):
 - ``team_request_tokens`` (400): ``prompt + max_output_tokens`` passes the team's
   ``max_request_tokens`` (None: no ceiling).
 
+The pass-through core (``--admission none``) applies the same checks with ``high_water`` 1 (no seats:
+the engine may fill its whole pool) and routes only to backends that ``fits``.
+
 ``prompt`` is the core's estimate (``RequestFacts.prompt_tokens``: bytes × the tokens-per-byte ratio
 learned from usage), so a prompt within a few percent of a bound may be judged either way; the engine
 stays the final judge, and a request it refuses gives its reservation back at once
@@ -80,6 +83,11 @@ def _too_big(req: RequestFacts, view: BackendView, high_water: float) -> str | N
             f"({int(high_water * view.kv_tokens)} tokens)"
         )
     return None
+
+
+def fits(req: RequestFacts, view: BackendView, high_water: float) -> bool:
+    """Whether ``req`` may ever run on ``view`` (its window and KV pool; unknown figures: yes)."""
+    return _too_big(req, view, high_water) is None
 
 
 def can_hold(prompt_tokens: int, capacity: int, high_water: float) -> bool:

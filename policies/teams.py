@@ -6,6 +6,7 @@ the simulator from ``--teams`` / ``--config``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -28,6 +29,17 @@ class TeamLimits:
 
 
 UNLIMITED = TeamLimits(max_concurrency=1_000_000, max_queue=1_000_000, queue_timeout_s=1e12)
+
+
+def teams_from_config(config: Mapping[str, object]) -> dict[str, TeamLimits]:
+    """``TeamLimits`` by team from a core's config mapping (``teams: {name: {...}}``; unset fields
+    keep their defaults). The ``default`` entry, if any, is the limits of teams not listed."""
+    teams = config.get("teams") or {}
+    assert isinstance(teams, Mapping)
+    return {
+        str(name): TeamLimits(**{k: v for k, v in dict(fields or {}).items() if v is not None})
+        for name, fields in teams.items()
+    }
 
 
 class TeamState:

@@ -15,7 +15,7 @@ from policies.admission.params import SeatParams
 from policies.admission.records import ModelViews, Running, Seat, Waiter, conversation_of, snapshot_of
 from policies.core import DecisionCore, Hook
 from policies.routing import Router
-from policies.teams import UNLIMITED, TeamLimits, TeamState
+from policies.teams import UNLIMITED, TeamLimits, TeamState, teams_from_config
 from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts, Slot
 
 
@@ -78,13 +78,10 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         """Take team limits and seat parameters from a config mapping:
         ``teams: {name: {max_concurrency, ...}}`` (the ``default`` entry applies to teams not listed)
         and ``admission: {high_water, admit_water, quantum_s, ...}``."""
-        teams = config.get("teams") or {}
-        assert isinstance(teams, Mapping)
-        for name, fields in teams.items():
-            limits = TeamLimits(**{k: v for k, v in dict(fields or {}).items() if v is not None})
+        for name, limits in teams_from_config(config).items():
             if name == "default":
                 self.default_team = limits
-            self.set_team(str(name), limits)
+            self.set_team(name, limits)
         params = config.get("admission")
         if params:
             assert isinstance(params, Mapping)

@@ -8,6 +8,8 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from backends.sim.testing import run_twin
 from tests.fake_upstream import SERVED
 from tests.gateway.asgi import config, running
@@ -28,11 +30,12 @@ async def _ready(app: Any) -> tuple[int, int]:
     raise AssertionError("the pool never read the twin's figures")
 
 
-def test_never_runs_in_each_surface_envelope() -> None:
+@pytest.mark.parametrize("policy", ["gateway", "direct"])  # admission, and none (PassThroughCore)
+def test_never_runs_in_each_surface_envelope(policy: str) -> None:
     with run_twin("tiny", time_scale=0.01, model=SERVED, kv_tokens=20_000) as twin:
 
         async def main() -> None:
-            async with running(config(twin)) as (app, client):
+            async with running(config(twin, policy=policy)) as (app, client):
                 window, kv = await _ready(app)
                 assert kv == 20_000 and window > kv
                 twin_state = app.state.gateway.pool.all()[0]
@@ -42,7 +45,7 @@ def test_never_runs_in_each_surface_envelope() -> None:
                     ("/v1/completions", {"model": "kimi", "prompt": "hi", "max_tokens": HUGE}),
                     ("/v1/responses", {"model": "kimi", "input": "hi", "max_output_tokens": HUGE}),
                     ("/v1/messages", {"model": "kimi", "messages": USER, "max_tokens": HUGE}),
-                    # a prompt past the KV cache (high_water · 20k tokens), with a small max_tokens
+                    # a prompt past the whole KV cache (20k tokens), with a small max_tokens
                     (
                         "/v1/chat/completions",
                         {"model": "kimi", "max_tokens": 8, "messages": [{"role": "user", "content": "word " * kv}]},
@@ -65,8 +68,12 @@ def test_never_runs_in_each_surface_envelope() -> None:
                         assert out["error"]["code"] == "context_length_exceeded", out
                         assert out["error"]["type"] == "invalid_request_error"
                 # nothing was queued or seated: a normal request goes through at once
-                snap = app.state.gateway.core.snapshot()
-                assert snap["waiting"] == 0 and snap["running"] == 0 and before == 0
+                core = app.state.gateway.core
+                if policy == "direct":
+                    assert core.inflight() == {} and before == 0
+                else:
+                    snap = core.snapshot()
+                    assert snap["waiting"] == 0 and snap["running"] == 0 and before == 0
                 r = await client.post("/v1/chat/completions", json={"model": "kimi", "messages": USER, "max_tokens": 4})
                 assert r.status_code == 200, r.text[:300]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 from policies.admission import SeatedAdmission, SeatParams
+from policies.core import PassThroughCore
 from policies.routing import RoundRobin
 from policies.teams import TeamLimits
 from policies.types import BackendView, Dispatch, Outcome, Refuse, RequestFacts
@@ -99,3 +100,27 @@ def test_one_slot_nothing_passes_the_head() -> None:
     c.arrive(req("x", tokens=5_900, conv="x0"), 0.0)
     assert c.arrive(req("big", tokens=6_000, conv="head"), 1.0) == []
     assert c.arrive(req("y", tokens=1_000, conv="y"), 1.1) == []
+
+
+def test_pass_through_refuses_what_can_never_run_as_admission_does() -> None:
+    """``--admission none``: the same 400s on arrival (shared ``never_runs``), against the whole KV
+    pool (no seats, so no high-water headroom), and the team ceiling from the config."""
+    c = PassThroughCore(RoundRobin())
+    c.configure({"teams": {"small": {"max_request_tokens": 8_000}, "default": {"max_concurrency": 2}}})
+    c.set_backends("m", [BackendView("b0", kv_tokens=65_536), BackendView("b1", kv_tokens=65_536)], 0.0)
+    [r] = c.arrive(req(tokens=65_537, out=0), 0.0)
+    assert isinstance(r, Refuse) and r.code == "context_length_exceeded" and r.status == 400
+    assert r.retry_after_s == 0.0 and "KV cache" in r.message and c.inflight() == {}
+    assert isinstance(c.arrive(req(tokens=65_536, out=0), 0.0)[0], Dispatch)  # the whole pool may hold it
+    [r] = c.arrive(req("small", tokens=7_000, out=2_000), 0.0)
+    assert isinstance(r, Refuse) and r.code == "team_request_tokens" and r.status == 400
+    assert isinstance(c.arrive(req("small", tokens=7_000, out=1_000), 0.0)[0], Dispatch)
+    c.set_team("small", TeamLimits(max_request_tokens=None))  # the admin API's runtime change
+    assert isinstance(c.arrive(req("small", tokens=7_000, out=2_000), 0.0)[0], Dispatch)
+    # a context window on one backend only: the other may take it; unhealthy backends do not count
+    c.set_backends("m", [BackendView("b0", context_tokens=4_096), BackendView("b1", healthy=False)], 0.0)
+    [r] = c.arrive(req(tokens=4_000, out=200), 0.0)
+    assert isinstance(r, Refuse) and r.code == "context_length_exceeded" and "context window" in r.message
+    c.set_backends("m", [BackendView("b0", context_tokens=4_096), BackendView("b1", context_tokens=8_192)], 0.0)
+    [d] = c.arrive(req(tokens=4_000, out=200), 0.0)
+    assert isinstance(d, Dispatch) and d.backend == "b1"
