@@ -252,30 +252,36 @@ def test_team_limit_then_disconnect_frees_the_slot_and_the_upstream(stack: tuple
     gw, twin = stack
     url = f"{gw}/v1/{surface}"
     tight = {"authorization": f"Bearer {TIGHT_KEY}"}
-    started, queued, leave = threading.Event(), threading.Event(), threading.Event()
-    holder = threading.Thread(target=_hold, args=(url, LONG[surface], tight, started, leave))
-    waiter = threading.Thread(target=_hold, args=(url, LONG[surface], tight, queued, leave))
-    holder.start()
-    try:
-        assert started.wait(10)
-        waiter.start()  # the one place in the tight team's queue
-        admin = {"authorization": f"Bearer {ADMIN}"}
-        deadline = time.monotonic() + 5
-        while httpx.get(gw + "/admin/teams/tight", headers=admin).json()["waiting"] != 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        refused = httpx.post(url, json=LONG[surface], headers=tight)
-        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
-        if surface == "messages":
-            assert refused.json()["error"]["type"] == "rate_limit_error"
-            assert refused.headers["x-cachegate-code"] == "team_queue_full"
-        else:
-            assert refused.json()["error"]["code"] == "team_queue_full"
-        assert len(twin_of(twin).live) == 1
-    finally:
-        leave.set()
-        holder.join(10)
-        waiter.join(10)  # dispatched when the holder left, then leaves at its first bytes
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    for _attempt in range(3):  # the holder's answer has a natural end: on a busy machine it may come first
+        started, queued, leave = threading.Event(), threading.Event(), threading.Event()
+        holder = threading.Thread(target=_hold, args=(url, LONG[surface], tight, started, leave))
+        waiter = threading.Thread(target=_hold, args=(url, LONG[surface], tight, queued, leave))
+        holder.start()
+        try:
+            assert started.wait(10)
+            waiter.start()  # the one place in the tight team's queue
+            deadline = time.monotonic() + 5
+            while httpx.get(gw + "/admin/teams/tight", headers=admin).json()["waiting"] != 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            refused = httpx.post(url, json=LONG[surface], headers=tight)
+            if not holder.is_alive() and refused.status_code == 200:
+                continue  # the holder's stream ended before the third request came: not the case under test
+            assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+            if surface == "messages":
+                assert refused.json()["error"]["type"] == "rate_limit_error"
+                assert refused.headers["x-cachegate-code"] == "team_queue_full"
+            else:
+                assert refused.json()["error"]["code"] == "team_queue_full"
+            assert len(twin_of(twin).live) == 1
+            break
+        finally:
+            leave.set()
+            holder.join(10)
+            waiter.join(10)  # dispatched when the holder left, then leaves at its first bytes
+    else:
+        pytest.fail("the holder's stream ended before the queue was full, three times")
     left = time.monotonic()
     while len(twin_of(twin).live) or httpx.get(gw + "/admin/teams/tight", headers=admin).json()["inflight"]:
         assert time.monotonic() - left < 1.0, "the slot or the upstream stream outlived the client"
