@@ -67,6 +67,8 @@ def jobs() -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
         base = {"profile": "b300-tp8-fp8-hicache", "conversations": n, "minutes": 20, "warmup_minutes": 5}
         out.append((f"hicache/direct/{n}", {**base, "policy": "direct"}, None))
         out.append((f"hicache/gateway/{n}", {**base, "policy": "gateway"}, None))
+        if n >= 48:  # the ceiling: the same engine with unbounded GPU KV
+            out.append((f"hicache/unbounded/{n}", {**base, "policy": "gateway", "unbounded": True}, None))
     for policy in ("direct", "gateway"):
         base = {"profile": "b300-tp8-fp8", "minutes": 20, "warmup_minutes": 5, "policy": policy}
         out.append((f"teams/{policy}/both", {**base, "teams": [("big", 40), ("small", 8)]}, None))
@@ -187,8 +189,25 @@ def render(rows: dict[str, dict[str, Any]], wall: float) -> str:
                 f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {published_p95[n]:.2f} s | "
                 f"{_s(r['max_wait_s'])} | {r['starved']} |"
             )
+        if n >= 48:
+            r = rows[f"hicache/unbounded/{n}"]
+            lines.append(
+                f"| {n} | gateway, unbounded KV | {_m(r['total_tpm'])} | {r['total_tpm'] / d['total_tpm']:.3f} | "
+                f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {published_p95[n]:.2f} s | "
+                f"{_s(r['max_wait_s'])} | {r['starved']} |"
+            )
     lines += ["", "Acceptance (seats count the host tier and rotate at the swap cost):", ""]
     lines += [f"- {x}" for x in hicache_checks(rows)]
+    lines += [
+        "",
+        "Why the p95 at 64 stays above the published one under every policy: the 5.26M-token GPU pool "
+        "holds the whole context of about 35 running requests of ~150k tokens, so at 64 conversations "
+        "the rest wait in the engine for a running request to finish its answer (the host tier holds "
+        "their cache, not their running KV). `gateway` and `direct` queue the same turns; with unbounded "
+        "GPU KV (the rows above, a ceiling no policy reaches) the p95 at 64 is a few seconds. The published "
+        "p95 is the good deployment's, which serves 19.19M tokens/min at 64 on DP8 attention "
+        "(`b300-dp8-fp8-cp`); this profile peaks near 7M.",
+    ]
     lines += [
         "",
         "### Two teams on one `b300-tp8-fp8` backend, equal weights, 20 minutes",
