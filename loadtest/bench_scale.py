@@ -163,7 +163,7 @@ def run_one(
                 group = stack.enter_context(cpu_limit(f"cachegate-bench-w{i}", quota))
                 group.add(pid)
                 groups.append(group)
-        _load(port, connections, 1.5, cwd)  # warm up: imports, pools, JIT-free but cache-warm
+        _load(port, connections, 1.5, cwd)  # warm up: lazy imports, pools, the Redis scripts loaded
         cpu0 = [cpu_seconds(p) for p in pids]
         thr0 = [g.throttled() for g in groups]
         t0 = time.monotonic()
