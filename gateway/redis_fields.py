@@ -38,9 +38,19 @@ class RedisReplica:
         self.grace_s = self.fresh_s + 1.5 * heartbeat_s  # by then every other replica has seen it
         self.replica = uuid.uuid4().hex[:12]
         # No automatic retry: a script is not replayed blindly; a fault is handled once, for the pool.
-        self.redis: aioredis.Redis = aioredis.from_url(
-            url, socket_timeout=1.0, socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0)
+        # A blocking pool: a burst of requests waits (up to 1 s) for a pooled connection. redis-py's
+        # default pool raises MaxConnectionsError past 100 calls at once, which read as a Redis fault
+        # (degraded mode, the pool dropped under calls still connecting: 500s) when 1,000 streams a
+        # second arrive (docs/benchmarks.md, 5,000 streams).
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=100,
+            timeout=1.0,
+            socket_timeout=1.0,
+            socket_connect_timeout=1.0,
+            retry=Retry(NoBackoff(), 0),
         )
+        self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self.phase = "unreachable"
         self.epoch: str | None = None
         self.last_error = ""

@@ -8,10 +8,12 @@ idle connections cannot starve the gateway of file descriptors before the header
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
 import sys
+from pathlib import Path
 
 import uvicorn
 
@@ -35,6 +37,7 @@ def run(config: Config) -> None:
     if not config.models:
         sys.exit("cachegate: no models configured: give --config FILE, or --backend URL --model ALIAS")
     _raise_open_files()
+    _check_backlog(config.server.backlog)
     server = config.server
     os.environ[LIMITS_ENV] = server.model_dump_json()  # read by every worker's protocol
     common = dict(
@@ -57,6 +60,14 @@ def run(config: Config) -> None:
         uvicorn.run("gateway.app:app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
     else:
         uvicorn.run(create_app(config), **common)  # type: ignore[arg-type]
+
+
+def _check_backlog(backlog: int) -> None:
+    """The kernel silently caps the accept backlog at ``net.core.somaxconn``: say so once at start."""
+    with contextlib.suppress(OSError, ValueError):
+        cap = int(Path("/proc/sys/net/core/somaxconn").read_text())
+        if cap < backlog:
+            log.info("accept backlog %d is capped at net.core.somaxconn = %d by the kernel", backlog, cap)
 
 
 def _raise_open_files() -> None:

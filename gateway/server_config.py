@@ -35,4 +35,8 @@ class ServerConfig(_Strict):
     """Idle keep-alive connections close after this (above common load balancers' 60 s)."""
     limit_concurrency: int | None = Field(None, ge=1)
     """uvicorn's cap on connections plus tasks (503 past it); None: no cap (the header timeout bounds idle ones)."""
-    backlog: int = Field(2048, ge=1)
+    backlog: int = Field(8192, ge=1)
+    """Connections the kernel holds until a worker accepts them (the kernel caps it at
+    ``net.core.somaxconn``). A burst of new connections past it is dropped and retried by TCP after
+    seconds, or reset: a few thousand streams opening at once while the workers are busy would overflow
+    uvicorn's 2048 (``docs/benchmarks.md``, 5,000 streams)."""

@@ -2,7 +2,8 @@
 
     python -m loadtest.bench_relay [--streams 500,2000] [--interval 0.1] [--tokens 50] [--workers 1]
                                    [--redis-url URL] [--short-seconds 10] [--baseline /work/main]
-                                   [--set overload.max_lag_ms=500]
+                                   [--set overload.max_lag_ms=500] [--gateway-log FILE]
+    python -m loadtest.bench_relay --scaling --cpu-quota 0.4 [--rounds 2] [--short-seconds 8]
 
 Starts the synthetic SGLang-like upstream (loadtest/relay_upstream.py), the gateway (``--workers``
 processes; with ``--redis-url`` they share state), sglang-router (``round_robin``) if it is
@@ -13,6 +14,12 @@ completed, errors, CPU per relayed chunk (user+system of the server's process tr
 over the whole level including connection set-up), peak RSS, transit p50/p99 (upstream send →
 client receive, per chunk) and the ratio of CPU per chunk to the router's. ``--short-seconds``
 adds a short-request mode: keep-alive clients sending non-streamed requests, CPU per 1,000.
+
+``--scaling`` runs only the workers mode instead (loadtest/bench_scale.py): closed-loop short requests
+against 1 worker without Redis, 1 worker with Redis and 2 workers with Redis (a private
+``redis-server`` unless ``--redis-url``), alternated ``--rounds`` times; ``--cpu-quota Q`` puts each
+worker process in a cgroup of its own capped at Q CPUs, so that 1 worker gets Q and 2 workers 2Q
+while the load generator, the upstream and Redis have the rest of the machine.
 """
 
 from __future__ import annotations
@@ -60,8 +67,11 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
 
 
 @contextlib.contextmanager
-def process(args: list[str], ready: str | None, cwd: Path = HERE) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def process(
+    args: list[str], ready: str | None, cwd: Path = HERE, log: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115  # closed below
+    proc = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=out)
     try:
         if ready:
             _wait(ready, proc)
@@ -75,6 +85,8 @@ def process(args: list[str], ready: str | None, cwd: Path = HERE) -> Iterator[su
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+        if log:
+            out.close()  # type: ignore[union-attr]
 
 
 def tree(pid: int) -> list[int]:
@@ -179,6 +191,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--short-rate", type=float, default=400.0, help="requests/s in all (0: closed loop)")
     parser.add_argument("--baseline", type=Path, default=None, help="also run the gateway from this checkout")
     parser.add_argument("--no-router", action="store_true")
+    parser.add_argument("--gateway-log", type=Path, default=None, help="append the gateway's output to this file")
+    parser.add_argument("--scaling", action="store_true", help="run the workers mode only (see above)")
+    parser.add_argument("--cpu-quota", type=float, default=None, help="--scaling: CPUs per worker (cgroup v1)")
+    parser.add_argument("--rounds", type=int, default=2, help="--scaling: rounds, alternated")
     parser.add_argument(
         "--set",
         action="append",
@@ -199,6 +215,12 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
         cfg = gateway_config(tmp / "gateway.yaml", upstream, args.set)
+        if args.scaling:
+            from loadtest.bench_scale import scaling
+
+            conns, seconds = args.short_connections, args.short_seconds or 8.0
+            scaling(cfg, args.redis_url, args.cpu_quota, args.rounds, conns, seconds, HERE)
+            return
         base_cfg = gateway_config(tmp / "baseline.yaml", upstream)
         targets: list[Target] = []
         sources = [("cachegate", HERE)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
@@ -223,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
             ]
             if args.redis_url:
                 cmd += ["--redis-url", args.redis_url]
-            proc = stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/readyz", cwd=src))
+            log = args.gateway_log if name == "cachegate" else None
+            proc = stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/readyz", cwd=src, log=log))
             targets.append(Target(name, port, proc.pid))
         if not args.no_router and importlib.util.find_spec("sglang_router") is not None:
             port = free_port()
@@ -243,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
                         str(port),
                         "--log-level",
                         "warn",
-                        "--prometheus-port",  # not the default 29000: another router there made this one exit
+                        "--prometheus-port",  # not its default 29000: another router may hold it
                         str(free_port()),
                     ],
                     f"http://127.0.0.1:{port}/health",
