@@ -4,11 +4,12 @@ Why not httpx here: relaying a stream through httpx → httpcore → h11 → any
 a timeout, a generator chain and an h11 event per chunk; measured (docs/benchmarks.md, "The
 relay"), that was a third of a worker's time. Here a chunk is decoded in ``data_received`` and
 handed to the one task waiting for it, or to a callback (``sink``: the callback relay,
-gateway/relay.py, which can also ``hold`` reading while its client is slow). Per-stream timers are re-armed lazily (one wake-up per
-silence, not one timer per chunk): the idle timeout (``ReadTimeout``) and SSE keep-alive
-(``receive`` returns ``SILENCE``). Errors are httpx's exception types, so callers and the failure
-classification (backends/failures.py) treat both clients alike. httpx stays for everything else
-(health checks, load polls, on the pool's own client).
+gateway/relay.py, which can also ``hold`` reading while its client is slow). Per-stream timers
+are re-armed lazily (one wake-up per silence, not one timer per chunk): the idle timeout
+(``ReadTimeout``) and SSE keep-alive (``receive`` returns ``SILENCE``). Errors are httpx's
+exception types, so callers and the failure classification (backends/failures.py) treat both
+clients alike. httpx stays for everything else (health checks, load polls, on the pool's own
+client).
 
 Connections are pooled by ``WireClient`` (gateway/wire_pool.py); a response the caller did not read
 to the end closes its connection (a client that leaves closes the upstream).
