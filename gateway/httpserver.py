@@ -12,6 +12,11 @@ protocol adds (``server:`` in the config, ``ServerConfig``):
 - ``max_header_bytes`` (request line + headers, counted as they arrive, so an unfinished header
   costs at most this much memory) and ``max_headers``: past either, 431 and close.
 
+It also lends the client's connection to the SSE relay (``DIRECT`` in the request scope's
+``extensions``, ``direct_transport``): once a streamed response's headers went out through ASGI,
+the relay writes its chunk frames to the transport itself, with the connection's write flow control
+reported to it (``on_writable``), instead of one ASGI ``send`` per chunk (gateway/relay.py).
+
 Every refusal here is a complete JSON error (never the text/plain 400 of uvicorn). The settings
 reach every worker process through ``CACHEGATE_SERVER_LIMITS`` (JSON), set by ``gateway/serve.py``.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httptools
@@ -29,6 +35,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.errors import error_body
 
 ENV = "CACHEGATE_SERVER_LIMITS"
+DIRECT = "cachegate.transport"
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -63,7 +70,39 @@ def refusal(status: int, message: str, code: str) -> bytes:
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    """``HttpToolsProtocol`` plus header/body timeouts and header limits (module docstring)."""
+    """``HttpToolsProtocol`` plus header/body timeouts and header limits, and the client's connection
+    lent to the relay (module docstring)."""
+
+    on_writable: Callable[[bool], None] | None = None
+    """Told when the client's transport passes its high-water mark (False) and drains (True)."""
+
+    def direct_transport(self) -> asyncio.Transport | None:
+        """The client's transport while the current response is started, chunked and open (the relay
+        may then write chunk frames to it), else None."""
+        cycle = self.cycle
+        if (
+            cycle is None
+            or not cycle.response_started
+            or cycle.response_complete
+            or cycle.disconnected
+            or not cycle.chunked_encoding
+            or self.transport.is_closing()
+        ):
+            return None
+        return self.transport
+
+    def writing_paused(self) -> bool:
+        return self.flow.write_paused
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.on_writable is not None:
+            self.on_writable(False)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.on_writable is not None:
+            self.on_writable(True)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -79,6 +118,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        self.on_writable = None
 
     def _arm(self, delay: float, callback: object) -> None:
         self._disarm()
@@ -138,6 +178,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope["extensions"] = {DIRECT: self}  # type: ignore[dict-item]
         self._reading_head = True
         self._header_count = 0
         if self._timer is None:  # a request on a kept-alive connection: its headers get the same time

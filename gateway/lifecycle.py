@@ -27,6 +27,7 @@ from gateway.access import AccessRecord, access_record
 from gateway.dispatch import Refused
 from gateway.errors import GatewayError
 from gateway.held import HeldOpen
+from gateway.httpserver import DIRECT, LimitedHttpToolsProtocol
 from gateway.proxy import Result, send_bytes
 from gateway.surface import ClientRequest, Surface
 from gateway.telemetry import bind, current_trace
@@ -124,6 +125,9 @@ class RequestPath:
             if alias is None:
                 raise GatewayError(404, f"The model '{req.model}' does not exist.", "model_not_found", "model")
             req.model, req.team, req.headers = alias, team, headers
+            lent = scope.get("extensions", {}).get(DIRECT)
+            if isinstance(lent, LimitedHttpToolsProtocol):  # our server: the relay writes chunks itself
+                req.client = lent
             await self.surface.prepare(req)
         except GatewayError as err:
             gw.metrics.requests.labels(team, "", "", str(err.status)).inc()

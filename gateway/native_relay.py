@@ -161,7 +161,7 @@ class NativeRelay(Relay):
 
     async def stream(self, response: WireResponse, send: Send, ctx: RelayContext) -> None:
         watch = NativeWatch(ctx.result, ctx.first_token, self.kind)
-        await relay_events(response, send, _Native(watch, self.kind), ctx.keepalive_s, ctx.headers)
+        await relay_events(response, send, _Native(watch, self.kind), ctx.keepalive_s, ctx.headers, ctx.client)
         if not watch.finished and ctx.result.stream_error is None:
             ctx.result.stream_error = "stream_broken"
         if self.done is not None:

@@ -8,6 +8,14 @@ up while the worker was busy, go out in one write: under load the relay coalesce
 falling behind). No task, lock or timeout object per chunk: keep-alive comments and the idle
 timeout come from the connection's one lazily re-armed timer (gateway/wire.py).
 
+Where the server lends the client's connection (``ClientOut``: our uvicorn protocol,
+gateway/httpserver.py), the relay runs on callbacks instead: after the headers went out through
+ASGI, each upstream read runs the filter in the upstream protocol's ``data_received`` and writes the
+chunk frame straight to the client's transport (no task wake-up, no ASGI ``send`` per chunk); a
+client past its transport's high-water mark pauses reading from upstream until it drains. The task
+only waits for the end (upstream done or broken, or the client leaving cancels it) and finishes the
+response through ASGI. Elsewhere (in-process test clients, other servers) the task loop runs.
+
 The base ``SseFilter`` is chat's byte-exact passthrough: a byte check per event (after the first
 token, a chunk with ``"finish_reason":null`` and ``"usage":null`` is forwarded without parsing),
 JSON parsed only until the first generated delta, for the finish chunk and for usage
@@ -18,8 +26,12 @@ surfaces subclass it (gateway/surface.py ``TranslatingRelay``, gateway/native_re
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import re
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import httpx
 from starlette.types import Send
@@ -76,6 +88,16 @@ def _forward(events: bytes, watch: StreamWatch, now: float) -> bytes:
     return b"".join(kept)
 
 
+class ClientOut(Protocol):
+    """The client's connection, lent to the relay (gateway/httpserver.py)."""
+
+    on_writable: Callable[[bool], None] | None
+
+    def direct_transport(self) -> asyncio.Transport | None: ...
+
+    def writing_paused(self) -> bool: ...
+
+
 class SseFilter:
     """What one relay does to an upstream SSE stream's events (base: chat's byte-exact passthrough;
     see the module docstring). One per stream: a subclass may keep state."""
@@ -106,10 +128,16 @@ class SseFilter:
 
 
 async def relay_events(
-    response: WireResponse, send: Send, sse: SseFilter, keepalive_s: float, extra_headers: list[tuple[bytes, bytes]]
+    response: WireResponse,
+    send: Send,
+    sse: SseFilter,
+    keepalive_s: float,
+    extra_headers: list[tuple[bytes, bytes]],
+    client: ClientOut | None = None,
 ) -> None:
     """Relay an upstream SSE response to the client through ``sse``; a broken stream ends with
-    ``sse.broken``. Cancelled (the client left), it stops at once; the caller closes the upstream."""
+    ``sse.broken``. Cancelled (the client left), it stops at once; the caller closes the upstream.
+    With ``client``, chunks are written on callbacks (module docstring)."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra_headers})
     result = sse.watch.result
     first = sse.start()
@@ -118,26 +146,13 @@ async def relay_events(
         result.client_bytes += len(first)
     if keepalive_s > 0:
         response.watch_silence(keepalive_s)  # SSE comments keep ingress idle timers from cutting a prefill
-    buffer = b""
     rest = b""
+    transport = client.direct_transport() if client is not None else None
     try:
-        while True:
-            data = await response.receive()
-            if not data:
-                break
-            if data is SILENCE:
-                out = sse.silence()
-            else:
-                buffer = buffer + data if buffer else data
-                cut = _cut(buffer)
-                if not cut:
-                    continue
-                out = sse.events(buffer[:cut], time.monotonic())
-                buffer = buffer[cut:]
-            if out:
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-                result.client_bytes += len(out)
-        rest = buffer
+        if client is not None and transport is not None:
+            rest = await _relay_direct(response, client, transport, sse)
+        else:
+            rest = await _relay_loop(response, send, sse)
     except (httpx.TimeoutException, httpx.TransportError) as exc:
         kind = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream_broken"
         result.stream_error = kind
@@ -153,6 +168,91 @@ async def relay_events(
     last = sse.end(rest)
     await send({"type": "http.response.body", "body": last, "more_body": False})
     result.client_bytes += len(last)
+
+
+async def _relay_loop(response: WireResponse, send: Send, sse: SseFilter) -> bytes:
+    """The task relay: one wake-up and one ASGI ``send`` per read; returns what followed the last
+    complete event."""
+    result = sse.watch.result
+    buffer = b""
+    while True:
+        data = await response.receive()
+        if not data:
+            return buffer
+        if data is SILENCE:
+            out = sse.silence()
+        else:
+            buffer = buffer + data if buffer else data
+            cut = _cut(buffer)
+            if not cut:
+                continue
+            out = sse.events(buffer[:cut], time.monotonic())
+            buffer = buffer[cut:]
+        if out:
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+            result.client_bytes += len(out)
+
+
+async def _relay_direct(
+    response: WireResponse, client: ClientOut, transport: asyncio.Transport, sse: SseFilter
+) -> bytes:
+    """The callback relay (module docstring) until the upstream ends: what followed its last
+    complete event. Raises what the upstream raised (or a bug in the filter)."""
+    result = sse.watch.result
+    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    buffer = b""
+
+    def pump() -> None:
+        nonlocal buffer
+        try:
+            while not ended.done():
+                data = response.take()
+                if data is None:
+                    return
+                if not data:
+                    ended.set_result(None)
+                    return
+                if data is SILENCE:
+                    out = sse.silence()
+                else:
+                    buffer = buffer + data if buffer else data
+                    cut = _cut(buffer)
+                    if not cut:
+                        continue
+                    out = sse.events(buffer[:cut], time.monotonic())
+                    buffer = buffer[cut:]
+                if out:
+                    if transport.is_closing():  # the client left: its watcher cancels the task
+                        response.hold(True)
+                        return
+                    transport.write(b"%x\r\n%s\r\n" % (len(out), out))
+                    result.client_bytes += len(out)
+        except Exception as exc:  # an upstream error, or a bug: the task raises it
+            if not ended.done():
+                ended.set_exception(exc)
+
+    def writable(ok: bool) -> None:
+        response.hold(not ok)
+        if ok:
+            sink()
+
+    context = contextvars.copy_context()  # the filter's callbacks see this request's context
+
+    def sink() -> None:
+        context.run(pump)
+
+    client.on_writable = writable
+    response.sink = sink
+    try:
+        if client.writing_paused():
+            response.hold(True)
+        pump()
+        await ended
+        return buffer
+    finally:
+        response.sink = None
+        client.on_writable = None
+        response.hold(False)
 
 
 async def relay_sse(

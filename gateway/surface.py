@@ -42,7 +42,7 @@ from starlette.types import Send
 from backends.config import BackendConfig
 from gateway.errors import GatewayError, error_body
 from gateway.proxy import Result, StreamWatch, read_usage, send_bytes
-from gateway.relay import SseFilter, relay_events, split_events
+from gateway.relay import ClientOut, SseFilter, relay_events, split_events
 from gateway.translate.responses import reshape_upstream_error
 from gateway.wire import SILENCE, WireResponse
 
@@ -69,6 +69,8 @@ class ClientRequest:
     """The client's request headers (set by the path: e.g. ``anthropic-version`` to forward)."""
     team: str = ""
     """The caller's team (set by the path before ``Surface.prepare``)."""
+    client: ClientOut | None = None
+    """The client's connection if the server lends it to the relay (set by the path)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,8 @@ class RelayContext:
     """Send an SSE keep-alive after this much upstream silence (0: never)."""
     headers: Headers
     """Headers the path adds to the client's response (``x-request-id``)."""
+    client: ClientOut | None = None
+    """The client's connection, for the callback relay (``relay_events``)."""
 
 
 class Relay(ABC):
@@ -118,7 +122,7 @@ class PassthroughRelay(Relay):
 
     async def stream(self, response: WireResponse, send: Send, ctx: RelayContext) -> None:
         watch = StreamWatch(ctx.result, self.strip_usage, ctx.first_token)
-        await relay_events(response, send, SseFilter(watch), ctx.keepalive_s, ctx.headers)
+        await relay_events(response, send, SseFilter(watch), ctx.keepalive_s, ctx.headers, ctx.client)
 
     async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         if status == 200:
@@ -193,7 +197,7 @@ class TranslatingRelay(Relay):
 
     async def stream(self, response: WireResponse, send: Send, ctx: RelayContext) -> None:
         watch = StreamWatch(ctx.result, False, ctx.first_token)
-        await relay_events(response, send, _Translating(watch, self), ctx.keepalive_s, ctx.headers)
+        await relay_events(response, send, _Translating(watch, self), ctx.keepalive_s, ctx.headers, ctx.client)
 
     async def whole(self, status: int, payload: bytes, content_type: bytes, send: Send, ctx: RelayContext) -> None:
         if status == 200:

@@ -31,7 +31,7 @@ from gateway.metrics import Metrics
 from gateway.proxy import RETRYABLE, Result, read_body
 from gateway.surface import ClientRequest, RelayContext, Surface, Target
 from gateway.telemetry import RequestTrace
-from gateway.wire import WireClient
+from gateway.wire_pool import WireClient
 from policies.types import Dispatch
 
 BROKEN = ("timeout", "stream_broken")
@@ -181,7 +181,7 @@ class Upstream:
             return "failed"
         result = exchange.result
         ctx = RelayContext(
-            result, self._first_token(rid, req, trace), self.keepalive_s, [(b"x-request-id", rid.encode())]
+            result, self._first_token(rid, req, trace), self.keepalive_s, [(b"x-request-id", rid.encode())], req.client
         )
         status = response.status_code
         try:

@@ -3,26 +3,28 @@
 Why not httpx here: relaying a stream through httpx → httpcore → h11 → anyio costs a cancel scope,
 a timeout, a generator chain and an h11 event per chunk; measured (docs/benchmarks.md, "The
 relay"), that was a third of a worker's time. Here a chunk is decoded in ``data_received`` and
-handed to the one task waiting for it. Per-stream timers are re-armed lazily (one wake-up per
-silence, not one timer per chunk): the idle timeout (``ReadTimeout``) and SSE keep-alive
-(``receive`` returns ``SILENCE``). Errors are httpx's exception types, so callers and the failure
-classification (backends/failures.py) treat both clients alike. httpx stays for everything else
-(health checks, load polls, on the pool's own client).
+handed to the one task waiting for it, or to a callback (``sink``: the callback relay,
+gateway/relay.py, which can also ``hold`` reading while its client is slow). Per-stream timers
+are re-armed lazily (one wake-up per silence, not one timer per chunk): the idle timeout
+(``ReadTimeout``) and SSE keep-alive (``receive`` returns ``SILENCE``). Errors are httpx's
+exception types, so callers and the failure classification (backends/failures.py) treat both
+clients alike. httpx stays for everything else (health checks, load polls, on the pool's own
+client).
 
-Connections are kept alive per (scheme, host, port) for ``keepalive_expiry_s``; a response the
-caller did not read to the end closes its connection (a client that leaves closes the upstream).
+Connections are pooled by ``WireClient`` (gateway/wire_pool.py); a response the caller did not read
+to the end closes its connection (a client that leaves closes the upstream).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ssl
-from collections import deque
-from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    from gateway.wire_pool import WireClient
 
 SILENCE = b": keepalive\n\n"
 _HIGH_WATER = 1 << 20
@@ -57,7 +59,10 @@ class WireResponse(asyncio.Protocol):
         self.received = False
         self.reusable = False
         self.paused = False
+        self.held = False
         self.finished = False
+        self.sink: Callable[[], None] | None = None
+        """Called instead of waking ``receive``'s waiter (a callback relay takes the data itself)."""
 
     # ----- protocol callbacks -------------------------------------------------------------------
 
@@ -101,9 +106,8 @@ class WireResponse(asyncio.Protocol):
                 self.pending += len(raw)
             if self.length == 0:
                 self.done = True
-        if self.pending > _HIGH_WATER and self.transport is not None and not self.paused:
-            self.paused = True
-            self.transport.pause_reading()
+        if self.pending > _HIGH_WATER and not self.paused:
+            self._flow()
         self._wake()
 
     def _head(self, head: bytes) -> None:
@@ -165,7 +169,25 @@ class WireResponse(asyncio.Protocol):
 
     # ----- the caller's side --------------------------------------------------------------------
 
+    def _flow(self) -> None:
+        """Upstream reading paused while held (the client is slow) or while too much waits unread."""
+        want = self.held or self.pending > _HIGH_WATER
+        if want != self.paused and self.transport is not None:
+            self.paused = want
+            if want:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def hold(self, on: bool) -> None:
+        """Pause (or resume) reading from upstream: the client is not taking what it gets."""
+        self.held = on
+        self._flow()
+
     def _wake(self) -> None:
+        if self.sink is not None:
+            self.sink()
+            return
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
@@ -197,24 +219,30 @@ class WireResponse(asyncio.Protocol):
             self.timer.cancel()
         self._arm()
 
+    def take(self) -> bytes | None:
+        """``receive`` without waiting: None when nothing is there yet."""
+        if self.out:
+            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+            self.out.clear()
+            self.pending = 0
+            if self.paused:
+                self._flow()
+            return data
+        if self.error is not None:
+            raise self.error
+        if self.done:
+            return b""
+        if self.keepalive_s and self.loop.time() - max(self.last_rx, self.last_signal) >= self.keepalive_s:
+            self.last_signal = self.loop.time()
+            return SILENCE
+        return None
+
     async def receive(self) -> bytes:
         """The body bytes that arrived since the last call (b"" at the end), or ``SILENCE``."""
         while True:
-            if self.out:
-                data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
-                self.out.clear()
-                self.pending = 0
-                if self.paused and self.transport is not None:
-                    self.paused = False
-                    self.transport.resume_reading()
+            data = self.take()
+            if data is not None:
                 return data
-            if self.error is not None:
-                raise self.error
-            if self.done:
-                return b""
-            if self.keepalive_s and self.loop.time() - max(self.last_rx, self.last_signal) >= self.keepalive_s:
-                self.last_signal = self.loop.time()
-                return SILENCE
             self.waiter = self.loop.create_future()
             try:
                 await self.waiter
@@ -246,6 +274,7 @@ class WireResponse(asyncio.Protocol):
         if self.finished:
             return
         self.finished = True
+        self.sink = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -267,128 +296,3 @@ class WireResponse(asyncio.Protocol):
     def reset(self) -> None:
         """Ready for the next request on the same connection."""
         self.__init__(self.client, self.key)  # type: ignore[misc]
-
-
-class WireClient:
-    """Keep-alive connections per upstream, a connection budget, httpx's timeouts and exceptions."""
-
-    def __init__(
-        self, connect_timeout_s: float, idle_s: float, keepalive_expiry_s: float, max_connections: int
-    ) -> None:
-        self.connect_timeout_s, self.idle_s = connect_timeout_s, idle_s
-        self.keepalive_expiry_s, self.max_connections = keepalive_expiry_s, max_connections
-        self.idle: dict[tuple[str, str, int], deque[tuple[float, asyncio.Transport, WireResponse]]] = {}
-        self.open = 0
-        self._freed: deque[asyncio.Future[None]] = deque()
-        self._ssl: ssl.SSLContext | None = None
-        self._targets: dict[str, tuple[tuple[str, str, int], bytes]] = {}
-
-    def put_back(self, conn: WireResponse) -> None:
-        assert conn.transport is not None
-        transport = conn.transport
-        conn.transport = None
-        now = conn.loop.time()
-        idle = self.idle.setdefault(conn.key, deque())
-        while idle and (idle[0][1].is_closing() or now - idle[0][0] >= self.keepalive_expiry_s):
-            idle.popleft()[1].close()  # the oldest went stale: free its socket and its slot now
-            self.release()
-        idle.append((now, transport, conn))
-
-    def _take_idle(self, key: tuple[str, str, int]) -> WireResponse | None:
-        idle = self.idle.get(key)
-        loop = asyncio.get_running_loop()
-        while idle:
-            since, transport, conn = idle.pop()
-            if transport.is_closing() or loop.time() - since >= self.keepalive_expiry_s:
-                transport.close()
-                self.release()
-                continue
-            conn.reset()
-            conn.transport = transport
-            return conn
-        return None
-
-    def release(self) -> None:
-        self.open -= 1
-        while self._freed:
-            waiter = self._freed.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-    async def _connect(self, key: tuple[str, str, int]) -> WireResponse:
-        loop = asyncio.get_running_loop()
-        while self.open >= self.max_connections:
-            oldest = min((q for q in self.idle.values() if q), key=lambda q: q[0][0], default=None)
-            if oldest is not None:  # an idle connection (to any upstream) gives its slot up
-                oldest.popleft()[1].close()
-                self.release()
-                break
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._freed.append(waiter)
-            try:
-                await asyncio.wait_for(waiter, self.connect_timeout_s)
-            except TimeoutError:
-                raise httpx.PoolTimeout("no upstream connection free in time") from None
-        self.open += 1
-        scheme, host, port = key
-        if scheme == "https" and self._ssl is None:
-            self._ssl = ssl.create_default_context()
-        conn = WireResponse(self, key)
-        try:
-            await asyncio.wait_for(
-                loop.create_connection(lambda: conn, host, port, ssl=self._ssl if scheme == "https" else None),
-                self.connect_timeout_s,
-            )
-        except TimeoutError:
-            self.release()
-            raise httpx.ConnectTimeout(f"no connection to {host}:{port} in time") from None
-        except OSError as exc:
-            self.release()
-            raise httpx.ConnectError(f"{type(exc).__name__}: {exc}") from None
-        except BaseException:
-            self.release()
-            raise
-        return conn
-
-    async def post(self, url: str, headers: dict[str, str], body: bytes) -> WireResponse:
-        """Send ``POST url`` and wait for the response head; the body is read with ``receive``."""
-        known = self._targets.get(url)
-        if known is None:
-            parts = urlsplit(url)
-            scheme = parts.scheme
-            port = parts.port or (443 if scheme == "https" else 80)
-            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            known = self._targets[url] = (
-                (scheme, parts.hostname or "", port),
-                f"POST {target} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode("latin-1"),
-            )
-        key, first = known
-        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if k.lower() not in ("host", "content-length"))
-        request = b"%scontent-length: %d\r\n%s\r\n%s" % (first, len(body), lines.encode("latin-1"), body)
-        for reused in (True, False):
-            conn = self._take_idle(key) if reused else await self._connect(key)
-            if conn is None:
-                continue
-            conn.transport.write(request)  # type: ignore[union-attr]
-            conn._arm()
-            try:
-                await conn._until_head()
-            except httpx.RemoteProtocolError:
-                await conn.aclose()
-                if reused and not conn.received:
-                    continue  # the server had closed the idle connection: once more on a new one
-                raise
-            except BaseException:
-                await conn.aclose()
-                raise
-            return conn
-        raise AssertionError("unreachable")
-
-    async def aclose(self) -> None:
-        for idle in self.idle.values():
-            for _, transport, _conn in idle:
-                transport.close()
-        self.idle.clear()
-        with contextlib.suppress(Exception):
-            await asyncio.sleep(0)

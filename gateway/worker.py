@@ -21,7 +21,7 @@ from gateway.overload import Overload
 from gateway.state import MemoryState, RedisState
 from gateway.telemetry import RequestTrace, Telemetry
 from gateway.upstream import Upstream
-from gateway.wire import WireClient
+from gateway.wire_pool import WireClient
 from policies import registry
 from policies.tokens import TokenEstimator
 from policies.types import BackendView, Dispatch

@@ -100,6 +100,8 @@ class FakeUpstream:
     """The exact SSE bytes of the last stream the fake sent."""
     error_status: int | None = None
     kv_tokens: int = 100_000
+    flooded: int = 0
+    """Bytes sent so far by a ``flood`` stream (a prompt with "flood": events as fast as the peer reads)."""
     _reader: Any = None
     _thread: threading.Thread | None = None
     _writers: list[asyncio.StreamWriter] = field(default_factory=list)
@@ -211,6 +213,9 @@ class FakeUpstream:
                 },
             )
             return
+        if "flood" in last:
+            await self._flood(writer)
+            return
         include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
         events = script_events(kind, include_usage)
         if "slow" in last:
@@ -229,6 +234,19 @@ class FakeUpstream:
                 await asyncio.sleep(self.chunk_delay_s or 0.02)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
+
+    async def _flood(self, writer: asyncio.StreamWriter) -> None:
+        """Content events without end, each sent as soon as the gateway takes the last (``drain``)."""
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        event = chunk({"content": "x" * 8000})
+        frame = b"%x\r\n%s\r\n" % (len(event), event)
+        self.flooded = 0
+        while True:
+            writer.write(frame)
+            await writer.drain()
+            self.flooded += len(frame)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[FakeUpstream]:

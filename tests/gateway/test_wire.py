@@ -17,7 +17,8 @@ import pytest
 
 from gateway.proxy import Result, StreamWatch
 from gateway.relay import relay_sse
-from gateway.wire import SILENCE, WireClient
+from gateway.wire import SILENCE
+from gateway.wire_pool import WireClient
 from tests.fake_upstream import USAGE, chunk
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -1,0 +1,144 @@
+"""The connection pool of the lean upstream client (gateway/wire.py): keep-alive connections per
+(scheme, host, port) for ``keepalive_expiry_s``, a budget of open connections (a caller waits up to
+the connect timeout for a slot: ``PoolTimeout``), and ``post``, which sends a request and waits for
+the response head. Errors are httpx's exception types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections import deque
+from urllib.parse import urlsplit
+
+import httpx
+
+from gateway.wire import WireResponse
+
+
+class WireClient:
+    """Keep-alive connections per upstream, a connection budget, httpx's timeouts and exceptions."""
+
+    def __init__(
+        self, connect_timeout_s: float, idle_s: float, keepalive_expiry_s: float, max_connections: int
+    ) -> None:
+        self.connect_timeout_s, self.idle_s = connect_timeout_s, idle_s
+        self.keepalive_expiry_s, self.max_connections = keepalive_expiry_s, max_connections
+        self.idle: dict[tuple[str, str, int], deque[tuple[float, asyncio.Transport, WireResponse]]] = {}
+        self.open = 0
+        self._freed: deque[asyncio.Future[None]] = deque()
+        self._ssl: ssl.SSLContext | None = None
+        self._targets: dict[str, tuple[tuple[str, str, int], bytes]] = {}
+
+    def put_back(self, conn: WireResponse) -> None:
+        assert conn.transport is not None
+        transport = conn.transport
+        if conn.paused:
+            transport.resume_reading()
+        conn.transport = None
+        now = conn.loop.time()
+        idle = self.idle.setdefault(conn.key, deque())
+        while idle and (idle[0][1].is_closing() or now - idle[0][0] >= self.keepalive_expiry_s):
+            idle.popleft()[1].close()  # the oldest went stale: free its socket and its slot now
+            self.release()
+        idle.append((now, transport, conn))
+
+    def _take_idle(self, key: tuple[str, str, int]) -> WireResponse | None:
+        idle = self.idle.get(key)
+        loop = asyncio.get_running_loop()
+        while idle:
+            since, transport, conn = idle.pop()
+            if transport.is_closing() or loop.time() - since >= self.keepalive_expiry_s:
+                transport.close()
+                self.release()
+                continue
+            conn.reset()
+            conn.transport = transport
+            return conn
+        return None
+
+    def release(self) -> None:
+        self.open -= 1
+        while self._freed:
+            waiter = self._freed.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def _connect(self, key: tuple[str, str, int]) -> WireResponse:
+        loop = asyncio.get_running_loop()
+        while self.open >= self.max_connections:
+            oldest = min((q for q in self.idle.values() if q), key=lambda q: q[0][0], default=None)
+            if oldest is not None:  # an idle connection (to any upstream) gives its slot up
+                oldest.popleft()[1].close()
+                self.release()
+                break
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._freed.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, self.connect_timeout_s)
+            except TimeoutError:
+                raise httpx.PoolTimeout("no upstream connection free in time") from None
+        self.open += 1
+        scheme, host, port = key
+        if scheme == "https" and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        conn = WireResponse(self, key)
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: conn, host, port, ssl=self._ssl if scheme == "https" else None),
+                self.connect_timeout_s,
+            )
+        except TimeoutError:
+            self.release()
+            raise httpx.ConnectTimeout(f"no connection to {host}:{port} in time") from None
+        except OSError as exc:
+            self.release()
+            raise httpx.ConnectError(f"{type(exc).__name__}: {exc}") from None
+        except BaseException:
+            self.release()
+            raise
+        return conn
+
+    async def post(self, url: str, headers: dict[str, str], body: bytes) -> WireResponse:
+        """Send ``POST url`` and wait for the response head; the body is read with ``receive``."""
+        known = self._targets.get(url)
+        if known is None:
+            parts = urlsplit(url)
+            scheme = parts.scheme
+            port = parts.port or (443 if scheme == "https" else 80)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            known = self._targets[url] = (
+                (scheme, parts.hostname or "", port),
+                f"POST {target} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode("latin-1"),
+            )
+        key, first = known
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if k.lower() not in ("host", "content-length"))
+        request = b"%scontent-length: %d\r\n%s\r\n%s" % (first, len(body), lines.encode("latin-1"), body)
+        for reused in (True, False):
+            conn = self._take_idle(key) if reused else await self._connect(key)
+            if conn is None:
+                continue
+            conn.transport.write(request)  # type: ignore[union-attr]
+            conn._arm()
+            try:
+                await conn._until_head()
+            except httpx.RemoteProtocolError:
+                await conn.aclose()
+                if reused and not conn.received:
+                    continue  # the server had closed the idle connection: once more on a new one
+                raise
+            except BaseException:
+                await conn.aclose()
+                raise
+            return conn
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        for idle in self.idle.values():
+            for _, transport, _conn in idle:
+                transport.close()
+        self.idle.clear()
+        with contextlib.suppress(Exception):
+            await asyncio.sleep(0)
