@@ -138,6 +138,9 @@ class RedisState(RedisReplica):
         self._defer_release(team)
 
     async def _call_acquire(self, team: str, limit: int, pending: int) -> int:
+        # Only a shared-mode view of the old epoch counts everyone: a reply from another epoch or
+        # while settling lacks the replicas not registered again and would hide their excess.
+        view = self.phase == "shared"
         try:
             ok, flat = await self._acquire(
                 keys=[self._key("lease", team), self._key("epoch"), self.events, self._key("leases")],
@@ -146,11 +149,12 @@ class RedisState(RedisReplica):
         finally:
             self._ops -= 1
         self._written.add(team)
-        self._seen[team] = {
-            flat[i].decode(): int(flat[i + 1])
-            for i in range(0, len(flat), 2)
-            if flat[i][:1] != b"~" and flat[i].decode() != self.replica
-        }
+        if view and int(ok) != -1:
+            self._seen[team] = {
+                flat[i].decode(): int(flat[i + 1])
+                for i in range(0, len(flat), 2)
+                if flat[i][:1] != b"~" and flat[i].decode() != self.replica
+            }
         return int(ok)
 
     def _give_back(self, call: asyncio.Future[int], team: str) -> None:
