@@ -6,7 +6,8 @@ Phases (``status()["phase"]``; ``mode`` is ``redis`` only in ``shared``):
 - ``unreachable``: the first failed call drops every pooled connection at once; the replica grants
   locally, first only within what Redis still counts for it (others may still be ``shared``), and
   ``grace_s`` after its last heartbeat (the others have seen it go stale) within its share,
-  ``floor(limit / replicas)`` less the others' excess over theirs (``_allowance``).
+  ``floor(limit / replicas)`` less the others' excess over theirs as last seen in ``shared`` mode;
+  leases beyond its share that end are then not taken again (``_allowance``).
 - ``settling``: Redis answers; the replica has re-registered what it holds (absolute counts, in
   the current epoch) and takes leases through Redis, still within that share, until connected for
   ``settle_s``, every replica known before has registered again (or ``lease_ttl_s`` passed) and
@@ -197,7 +198,12 @@ class RedisState(RedisReplica):
             return 0
         floor = self._floor.get(team, 0)
         if self.phase == "unreachable" and time.monotonic() - self._last_beat < self.grace_s:
-            return floor
+            return floor  # the others still trust what Redis counts for this replica
+        # From now on another replica may take its share on a view older than this replica's
+        # last leases beyond its own share: those that end are not taken again (issue #14).
+        held = self.count.get(team, 0) + self._inflight.get(team, 0)
+        if held < floor:
+            self._floor[team] = floor = held
         cap = max(1, int(limit * self._share()))
         excess = sum(max(0, n - cap) for n in self._seen.get(team, {}).values())
         return max(floor, cap - excess)

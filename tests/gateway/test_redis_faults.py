@@ -265,3 +265,36 @@ def test_a_flush_does_not_hide_the_others_excess(redis_server: RedisServer) -> N
         assert b.count == {"t": 1} and not any(granted), f"B holds {b.count} while A holds 3 of {LIMIT}"
 
     asyncio.run(run_with([a, b], body))
+
+
+def test_leases_beyond_the_share_at_an_outage_are_not_taken_again(redis_server: RedisServer) -> None:
+    """What a replica cannot know: B last looked when A held 2 of 4; A took a third; Redis stops.
+    Past the grace time B takes its share (2) on that view: 5 leases for as long as A's third lasts
+    (docs/architecture.md, "what this does not cover"). Once one of A's leases ends A must not take
+    it again, or the over-count would last the whole outage."""
+    a, b = replica(redis_server.url), replica(redis_server.url)
+    seen: list[int] = []
+
+    async def body() -> None:
+        await until(lambda: a.phase == b.phase == "shared", 5, "both replicas in shared mode at start")
+        for i in range(2):
+            assert await a.acquire("t", f"a{i}", LIMIT)
+        assert await b.acquire("t", "b0", LIMIT)  # B's last look: A holds 2
+        assert await a.acquire("t", "a2", LIMIT)
+        await asyncio.to_thread(redis_server.stop)
+        await until(lambda: a.phase == b.phase == "unreachable", 3, "the stop was not noticed")
+        deadline = time.monotonic() + a.grace_s + 2
+        while not await b.acquire("t", "b1", LIMIT):
+            assert time.monotonic() < deadline, "B never got its share without Redis"
+            await asyncio.sleep(0.02)
+        seen.append(b.count["t"])
+        await until(lambda: time.monotonic() - a._last_beat >= a.grace_s, 2, "A's grace time")
+        assert not await a.acquire("t", "a3", LIMIT), "A holds 3, more than its share"
+        await a.release("t", "a0")
+        assert not await a.acquire("t", "a3", LIMIT), f"A took its lease again while B holds {b.count}"
+        await a.release("t", "a1")
+        assert await a.acquire("t", "a3", LIMIT), "A within its share"
+        seen.append(a.count["t"] + b.count["t"])
+
+    asyncio.run(run_with([a, b], body))
+    assert seen == [2, LIMIT], seen
