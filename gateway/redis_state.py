@@ -6,7 +6,8 @@ Phases (``status()["phase"]``; ``mode`` is ``redis`` only in ``shared``):
 - ``unreachable``: the first failed call drops every pooled connection at once; the replica grants
   locally, first only within what Redis still counts for it (others may still be ``shared``), and
   ``grace_s`` after its last heartbeat (the others have seen it go stale) within its share,
-  ``floor(limit / replicas)`` less the others' excess over theirs (``_allowance``).
+  ``floor(limit / replicas)`` less the others' excess over theirs as last seen in ``shared`` mode;
+  leases beyond its share that end are then not taken again (``_allowance``).
 - ``settling``: Redis answers; the replica has re-registered what it holds (absolute counts, in
   the current epoch) and takes leases through Redis, still within that share, until connected for
   ``settle_s``, every replica known before has registered again (or ``lease_ttl_s`` passed) and
@@ -138,6 +139,9 @@ class RedisState(RedisReplica):
         self._defer_release(team)
 
     async def _call_acquire(self, team: str, limit: int, pending: int) -> int:
+        # Only a shared-mode view of the old epoch counts everyone: a reply from another epoch or
+        # while settling lacks the replicas not registered again and would hide their excess.
+        view = self.phase == "shared"
         try:
             ok, flat = await self._acquire(
                 keys=[self._key("lease", team), self._key("epoch"), self.events, self._key("leases")],
@@ -146,11 +150,12 @@ class RedisState(RedisReplica):
         finally:
             self._ops -= 1
         self._written.add(team)
-        self._seen[team] = {
-            flat[i].decode(): int(flat[i + 1])
-            for i in range(0, len(flat), 2)
-            if flat[i][:1] != b"~" and flat[i].decode() != self.replica
-        }
+        if view and int(ok) != -1:
+            self._seen[team] = {
+                flat[i].decode(): int(flat[i + 1])
+                for i in range(0, len(flat), 2)
+                if flat[i][:1] != b"~" and flat[i].decode() != self.replica
+            }
         return int(ok)
 
     def _give_back(self, call: asyncio.Future[int], team: str) -> None:
@@ -193,7 +198,12 @@ class RedisState(RedisReplica):
             return 0
         floor = self._floor.get(team, 0)
         if self.phase == "unreachable" and time.monotonic() - self._last_beat < self.grace_s:
-            return floor
+            return floor  # the others still trust what Redis counts for this replica
+        # From now on another replica may take its share on a view older than this replica's
+        # last leases beyond its own share: those that end are not taken again (issue #14).
+        held = self.count.get(team, 0) + self._inflight.get(team, 0)
+        if held < floor:
+            self._floor[team] = floor = held
         cap = max(1, int(limit * self._share()))
         excess = sum(max(0, n - cap) for n in self._seen.get(team, {}).values())
         return max(floor, cap - excess)

@@ -240,3 +240,61 @@ def test_a_release_publishes_only_when_someone_waits(redis_server: RedisServer) 
     assert counts["publish"] == 0, f"{counts['publish']} publishes while nobody waited"
     # 50 acquires and their releases, sequential: every release but the last rides on the next acquire.
     assert counts["evalsha"] <= 50 + 3, f"{counts['evalsha']} script calls for 50 requests"
+
+
+def test_a_flush_does_not_hide_the_others_excess(redis_server: RedisServer) -> None:
+    """Issue #14: B saw A hold 3 of 4 (over its share of 2); Redis is flushed; B notices first and
+    re-registers in the new epoch, where A is not counted yet. The reply that told B of the flush
+    (and those while settling) lack A's leases: B must still keep A's excess out of its share."""
+    # Heartbeats every 30 s: the test drives every step itself, no background beat in between.
+    a = RedisState(redis_server.url, lease_ttl_s=120.0, heartbeat_s=30.0, settle_s=0.0)
+    b = RedisState(redis_server.url, lease_ttl_s=120.0, heartbeat_s=30.0, settle_s=0.0)
+
+    async def body() -> None:
+        await a._beat()  # A found Redis empty (settling); B has registered since: both shared
+        assert a.phase == b.phase == "shared"
+        for i in range(3):
+            assert await a.acquire("t", f"a{i}", LIMIT)
+        assert await b.acquire("t", "b0", LIMIT)
+        assert not await b.acquire("t", "b1", LIMIT), "Redis counts 4 of 4"
+        await asyncio.to_thread(lambda: redis_server.client().flushall())
+        assert not await b.acquire("t", "b1", LIMIT)  # answered from another epoch: B re-registers
+        await until(lambda: b.phase == "settling", 2, "B did not re-register after the flush")
+        assert a.phase == "shared" and a.count == {"t": 3}, "A has not noticed yet and holds 3"
+        granted = [await b.acquire("t", f"b{i}", LIMIT) for i in range(2, 5)]
+        assert b.count == {"t": 1} and not any(granted), f"B holds {b.count} while A holds 3 of {LIMIT}"
+
+    asyncio.run(run_with([a, b], body))
+
+
+def test_leases_beyond_the_share_at_an_outage_are_not_taken_again(redis_server: RedisServer) -> None:
+    """What a replica cannot know: B last looked when A held 2 of 4; A took a third; Redis stops.
+    Past the grace time B takes its share (2) on that view: 5 leases for as long as A's third lasts
+    (docs/architecture.md, "what this does not cover"). Once one of A's leases ends A must not take
+    it again, or the over-count would last the whole outage."""
+    a, b = replica(redis_server.url), replica(redis_server.url)
+    seen: list[int] = []
+
+    async def body() -> None:
+        await until(lambda: a.phase == b.phase == "shared", 5, "both replicas in shared mode at start")
+        for i in range(2):
+            assert await a.acquire("t", f"a{i}", LIMIT)
+        assert await b.acquire("t", "b0", LIMIT)  # B's last look: A holds 2
+        assert await a.acquire("t", "a2", LIMIT)
+        await asyncio.to_thread(redis_server.stop)
+        await until(lambda: a.phase == b.phase == "unreachable", 3, "the stop was not noticed")
+        deadline = time.monotonic() + a.grace_s + 2
+        while not await b.acquire("t", "b1", LIMIT):
+            assert time.monotonic() < deadline, "B never got its share without Redis"
+            await asyncio.sleep(0.02)
+        seen.append(b.count["t"])
+        await until(lambda: time.monotonic() - a._last_beat >= a.grace_s, 2, "A's grace time")
+        assert not await a.acquire("t", "a3", LIMIT), "A holds 3, more than its share"
+        await a.release("t", "a0")
+        assert not await a.acquire("t", "a3", LIMIT), f"A took its lease again while B holds {b.count}"
+        await a.release("t", "a1")
+        assert await a.acquire("t", "a3", LIMIT), "A within its share"
+        seen.append(a.count["t"] + b.count["t"])
+
+    asyncio.run(run_with([a, b], body))
+    assert seen == [2, LIMIT], seen
