@@ -15,6 +15,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.translate.common import load_body
 
 Kind = Literal["chat", "completion"]
 
@@ -47,14 +48,7 @@ def _bad(message: str, param: str | None = None, code: str = "invalid_request") 
 
 
 def parse(raw: bytes, kind: Kind) -> ParsedRequest:
-    if not raw:
-        raise _bad("The request body is empty; expected a JSON object.")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise _bad(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise _bad("The request body must be a JSON object.")
+    body = load_body(raw)
     check_shape(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:

@@ -170,6 +170,18 @@ async def relay_events(
     result.client_bytes += len(last)
 
 
+def _step(sse: SseFilter, buffer: bytes, data: bytes) -> tuple[bytes, bytes]:
+    """One upstream read -> (what goes to the client, what is left of an unfinished event): the
+    whole events through the filter, or a silence's keep-alive."""
+    if data is SILENCE:
+        return sse.silence(), buffer
+    buffer = buffer + data if buffer else data
+    cut = _cut(buffer)
+    if not cut:
+        return b"", buffer
+    return sse.events(buffer[:cut], time.monotonic()), buffer[cut:]
+
+
 async def _relay_loop(response: WireResponse, send: Send, sse: SseFilter) -> bytes:
     """The task relay: one wake-up and one ASGI ``send`` per read; returns what followed the last
     complete event."""
@@ -179,15 +191,7 @@ async def _relay_loop(response: WireResponse, send: Send, sse: SseFilter) -> byt
         data = await response.receive()
         if not data:
             return buffer
-        if data is SILENCE:
-            out = sse.silence()
-        else:
-            buffer = buffer + data if buffer else data
-            cut = _cut(buffer)
-            if not cut:
-                continue
-            out = sse.events(buffer[:cut], time.monotonic())
-            buffer = buffer[cut:]
+        out, buffer = _step(sse, buffer, data)
         if out:
             await send({"type": "http.response.body", "body": out, "more_body": True})
             result.client_bytes += len(out)
@@ -212,15 +216,7 @@ async def _relay_direct(
                 if not data:
                     ended.set_result(None)
                     return
-                if data is SILENCE:
-                    out = sse.silence()
-                else:
-                    buffer = buffer + data if buffer else data
-                    cut = _cut(buffer)
-                    if not cut:
-                        continue
-                    out = sse.events(buffer[:cut], time.monotonic())
-                    buffer = buffer[cut:]
+                out, buffer = _step(sse, buffer, data)
                 if out:
                     if transport.is_closing():  # the client left: its watcher cancels the task
                         response.hold(True)
