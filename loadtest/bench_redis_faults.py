@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -26,45 +24,9 @@ import httpx
 import redis
 import yaml
 
+from loadtest.procs import RedisServer
 from loadtest.procs import free_port as _free_port
 from loadtest.procs import process as _process
-
-
-class _Server:
-    """A redis-server on a fixed port that can be stopped and started again (empty: no persistence)."""
-
-    def __init__(self) -> None:
-        self.port, self.dir = _free_port(), tempfile.mkdtemp(prefix="cg-bench-redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.dir,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(200):
-            with contextlib.suppress(redis.RedisError):
-                if redis.Redis(port=self.port, socket_connect_timeout=0.2).ping():
-                    return
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
 
 
 def faults(root: str, count: int, limit: int = 4) -> None:
@@ -73,7 +35,7 @@ def faults(root: str, count: int, limit: int = 4) -> None:
 
     from gateway.state import RedisState
 
-    server = _Server()
+    server = RedisServer()
     server.start()
     stats = {"live": 0, "peak": 0, "grants": 0}
     stopping = False
@@ -126,8 +88,7 @@ def faults(root: str, count: int, limit: int = 4) -> None:
     try:
         worst, changes = asyncio.run(run())
     finally:
-        server.stop()
-        shutil.rmtree(server.dir, ignore_errors=True)
+        server.remove()
     print(
         f"4. {count} Redis faults ({(count + 1) // 2} restarts, {count // 2} flushes), 2 replicas x 6 workers, "
         f"holds 50-400 ms: peak {stats['peak']} leases in use, limit {limit}; {stats['grants']} grants; "
@@ -140,7 +101,7 @@ def live(root: str, count: int) -> None:
     from backends.sim.testing import run_twin, twin_of
 
     model = "moonshotai/Kimi-K2-Instruct"
-    server = _Server()
+    server = RedisServer()
     server.start()
     results: list[int] = []
     stop = threading.Event()
@@ -215,8 +176,7 @@ def live(root: str, count: int) -> None:
             peak = twin_of(twin).max_live
     finally:
         stop.set()
-        server.stop()
-        shutil.rmtree(server.dir, ignore_errors=True)
+        server.remove()
     restarts = count - count // 3
     print(
         f"5. Live: {count} Redis faults ({restarts} restarts, {count - restarts} flushes), 2 gateways, 10 streaming "

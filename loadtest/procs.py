@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 
 import httpx
+import redis
 
 
 def free_port() -> int:
@@ -40,3 +43,46 @@ def process(args: list[str], cwd: str | None = None, ready: str | None = None) -
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 15)
         proc.wait(15)
+
+
+class RedisServer:
+    """A private ``redis-server`` on a free port, no persistence: stopped and started again it comes
+    back empty (what a Redis restart without persistence does)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="cg-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", self.dir]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(redis.RedisError):
+                if client.ping():
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError("private redis-server did not start")
+            time.sleep(0.02)
+        client.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_connect_timeout=0.5)
+
+    def remove(self) -> None:
+        """Stop it and delete its directory."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

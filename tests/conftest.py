@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from tests.fake_upstream import free_port
+from loadtest.procs import RedisServer
 
 SHARED_REDIS = os.environ.get("CACHEGATE_TEST_REDIS", "redis://127.0.0.1:6379/9")
 
@@ -41,65 +37,13 @@ def redis_url() -> Iterator[str]:
     client.close()
 
 
-class RedisServer:
-    """A private ``redis-server`` on a free port, which a test may stop and start again."""
-
-    def __init__(self) -> None:
-        if shutil.which("redis-server") is None:
-            _need_redis("redis-server is not installed")
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="cg-redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.dir,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(redis.RedisError):
-                if client.ping():
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("private redis-server did not start")
-            time.sleep(0.05)
-        client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        self.proc = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_connect_timeout=0.5)
-
-
 @pytest.fixture()
 def redis_server() -> Iterator[RedisServer]:
+    if shutil.which("redis-server") is None:
+        _need_redis("redis-server is not installed")
     server = RedisServer()
     server.start()
     try:
         yield server
     finally:
-        server.stop()
-        shutil.rmtree(server.dir, ignore_errors=True)
+        server.remove()

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.redis_scripts import live_leases
 from gateway.state import RedisState
-from tests.conftest import RedisServer
+from loadtest.procs import RedisServer
 
 pytestmark = pytest.mark.redis
 HB, TTL, LIMIT = 0.25, 2.0, 4

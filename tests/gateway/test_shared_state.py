@@ -22,7 +22,7 @@ import yaml
 
 from backends.sim.testing import run_twin, twin_of
 from gateway.redis_scripts import live_leases
-from tests.conftest import RedisServer
+from loadtest.procs import RedisServer
 from tests.harness import run_gateway
 
 MODEL = "moonshotai/Kimi-K2-Instruct"
