@@ -12,6 +12,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from backends.sim.engine import Engine
 from loadtest.sim_driver import LiveFacts, SimDriver, SimPool
 from policies.core import DecisionCore
 from policies.types import Decision, Dispatch, Outcome, Refuse
@@ -90,7 +91,8 @@ class LivePath:
         engine = self.engines[d.backend]
         self._decided.extend(self._on_engine_events(engine.advance(now), now, apply=False))
         p.record.backend = p.backend = d.backend
-        engine.submit(_engine_request(d.rid, p, d.rank), now)
+        context = engine.profile.context_length if isinstance(engine, Engine) else None  # a test's stand-in: none
+        engine.submit(_engine_request(d.rid, p, d.rank, context), now)
         self._touch_backend(d.backend)
 
     def _failed(self, p: Any, error: str, now: float, *, reached: bool) -> None:
@@ -133,10 +135,12 @@ class LivePath:
         self._touch_backend(name)
 
 
-def _engine_request(rid: str, p: Any, rank: int | None) -> Any:
+def _engine_request(rid: str, p: Any, rank: int | None, context_length: int | None) -> Any:
+    """The workload's clients send no ``max_tokens``: SGLang (and the twin's planner) then budget the
+    answer at the context left after the prompt, which is what the engine's admission reserves from."""
     from backends.sim.engine import EngineRequest
 
-    return EngineRequest(
+    request = EngineRequest(
         rid=rid,
         prompt=p.prompt,
         output_tokens=p.output_tokens,
@@ -144,6 +148,9 @@ def _engine_request(rid: str, p: Any, rank: int | None) -> Any:
         final_blocks=p.final_blocks,
         dp_rank=rank,
     )
+    if context_length is not None:
+        request.max_new_tokens = max(p.output_tokens, context_length - request.prompt_tokens)
+    return request
 
 
 def build_core(
