@@ -1,6 +1,7 @@
-"""Workers and Redis: what a request costs in Redis, what holding leases costs, and how workers scale.
+"""Workers and Redis: what a request costs in Redis, what holding leases costs, and Redis faults (how
+workers scale: ``cachegate bench --scaling``, ``loadtest/bench_scale.py``).
 
-    python -m loadtest.bench_redis [--seconds 8] [--concurrency 32] [--rounds 2] [--root DIR]
+    python -m loadtest.bench_redis [--seconds 8] [--concurrency 32] [--root DIR]
 
 Starts a private ``redis-server`` (no persistence), an instant upstream (raw asyncio, its own
 process) and ``cachegate serve --redis-url`` against it, then prints:
@@ -9,8 +10,7 @@ process) and ``cachegate serve --redis-url`` against it, then prints:
    ``INFO commandstats`` around a load run, less the heartbeats (measured idle just before):
    every command, including those run inside Lua scripts, and the script calls (round trips).
 2. Renewal traffic: commands per second of one replica holding 10 and then 1,000 leases, idle.
-3. Requests per second with 1 and 2 workers, alternated ``--rounds`` times, and their ratio.
-4. Through ``--faults`` Redis faults (restarts without persistence and ``FLUSHALL``): the peak of
+3. Through ``--faults`` Redis faults (restarts without persistence and ``FLUSHALL``): the peak of
    leases in use against the team limit (``loadtest/bench_redis_faults.py``), in process (two
    ``RedisState`` objects) and live (two gateway processes; requests at once at a twin).
 
@@ -160,21 +160,6 @@ def _diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0)}
 
 
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its descendants, from /proc."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{p}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as kids:
-                    todo += [int(k) for k in kids.read().split()]
-    return total
-
-
 @contextlib.contextmanager
 def gateway(root: str, upstream: str, redis_url: str, workers: int, folder: Path) -> Iterator[tuple[int, int]]:
     port = _free_port()
@@ -262,39 +247,13 @@ def renewal(root: str, seconds: float) -> None:
     )
 
 
-def scaling(root: str, upstream: str, folder: Path, concurrency: int, seconds: float, rounds: int) -> None:
-    rps: dict[int, list[float]] = {1: [], 2: []}
-    per_cpu: dict[int, list[float]] = {1: [], 2: []}
-    with _redis() as url:
-        for _ in range(rounds):
-            for workers in (1, 2):
-                with gateway(root, upstream, url, workers, folder) as (port, pid):
-                    asyncio.run(load(port, concurrency, 1.5))  # warm up every worker
-                    cpu0 = _tree_cpu(pid)
-                    done = asyncio.run(load(port, concurrency, seconds))
-                    rps[workers].append(done / seconds)
-                    per_cpu[workers].append(done / max(1e-9, _tree_cpu(pid) - cpu0))
-    one, two = sum(rps[1]) / rounds, sum(rps[2]) / rounds
-    eff1, eff2 = sum(per_cpu[1]) / rounds, sum(per_cpu[2]) / rounds
-    print(
-        f"3. Requests/s with Redis, {concurrency} connections, {seconds:.0f} s per run, alternated: "
-        f"1 worker {' '.join(f'{r:.0f}' for r in rps[1])}; 2 workers {' '.join(f'{r:.0f}' for r in rps[2])}; "
-        f"2 workers / 1 worker = {two / one:.2f}"
-    )
-    print(
-        f"   requests per gateway CPU-second: 1 worker {eff1:.0f}, 2 workers {eff2:.0f} "
-        f"(on two free cores, 2 workers would serve {2 * eff2 / eff1:.2f}x one worker on one)"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--root", default=str(Path(__file__).resolve().parent.parent))
     parser.add_argument("--faults", type=int, default=10)
-    parser.add_argument("--only", choices=["commands", "renewal", "scaling", "faults", "live"], action="append")
+    parser.add_argument("--only", choices=["commands", "renewal", "faults", "live"], action="append")
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
@@ -303,7 +262,7 @@ def main() -> None:
     from loadtest.bench_redis_faults import faults, live  # not needed by the upstream process
 
     root = str(Path(args.root).resolve())
-    only = set(args.only or ["commands", "renewal", "scaling", "faults", "live"])
+    only = set(args.only or ["commands", "renewal", "faults", "live"])
     print(f"gateway code from {root}; {os.cpu_count()} cores; instant upstream; private redis-server")
     up_port = _free_port()
     upstream = f"http://127.0.0.1:{up_port}"
@@ -313,8 +272,6 @@ def main() -> None:
             per_request(root, upstream, Path(tmp), args.concurrency, args.seconds)
         if "renewal" in only:
             renewal(root, 4.0)
-        if "scaling" in only:
-            scaling(root, upstream, Path(tmp), args.concurrency, args.seconds, args.rounds)
     if "faults" in only:
         faults(root, args.faults)
     if "live" in only:
