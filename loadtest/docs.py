@@ -537,7 +537,9 @@ Steady state against the published (seed 1; ratio = simulated / published):
 {collapse_residuals(rows)}
 
 Seeds 2 and 3 (same protocol): tokens/min at 48 0.17 / 0.18 of the peak, medians at 8 / 16 1.40 / 1.70 s and
-1.45 / 1.95 s. Past the collapse the pair computes all but the shared 15k-token system prompt of most turns
+1.45 / 1.95 s. Other windows (seed 1, `--warm-start`): 30 minutes with the first 15 excluded give 0.17 of the
+peak at 48 and medians 1.43 / 1.86 s, 60 with the first 30 0.18 and 1.41 / 1.71 s. Past the collapse the
+pair computes all but the shared 15k-token system prompt of most turns
 (hits 10-42% against 93% at 16), requests complete at 6-7 per minute (published 3-8) and the median first token
 waits 1.5-2.5 minutes behind queued full recomputes (published 51-159 s); the tokens/min at 32-64 (0.9-1.0M) is
 the pair's all-recompute floor, about 8.6k tokens/s per TP4 replica at ~150k-token prompts, where the published
