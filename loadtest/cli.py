@@ -57,6 +57,11 @@ def simulate(
     minutes: float = typer.Option(20.0, help="Simulated minutes, warm-up included."),
     warmup_minutes: float = typer.Option(5.0, help="Minutes excluded from every figure."),
     seed: int = typer.Option(1, help="Workload seed."),
+    warm_start: bool = typer.Option(
+        False,
+        help="coding-agent: enter each slot's first conversation at a random turn (conversations of every "
+        "age from the start, as on a server that has been running; the caches still start cold).",
+    ),
     json_path: Path | None = typer.Option(None, "--json", help='Write {"runs": [...]} here.'),
     speedup: float = typer.Option(1.0, help="trace: divide arrival times by this."),
     config: Path | None = typer.Option(
@@ -132,6 +137,7 @@ def simulate(
             minutes=minutes,
             warmup_minutes=warmup_minutes,
             seed=seed,
+            warm_start=warm_start,
             kv_tokens=kv_tokens,
             unbounded=unbounded,
             scale=scale,

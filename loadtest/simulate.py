@@ -387,7 +387,7 @@ def default_engine_factory(cfg: SimConfig) -> EngineFactory:
 
 def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None, core: DecisionCore | None = None) -> dict:
     """One simulated run -> one JSON row (``loadtest/metrics.py::summarize``'s fields, plus ``kv_tokens``,
-    ``unbounded``, ``oracle`` and, with faults, ``faults``)."""
+    ``unbounded``, ``oracle``, ``warm_start`` and, with faults, ``faults``)."""
     config = _load_config(cfg.config)
     core = core or build_core(cfg.policy, cfg.admission, cfg.routing, config)
     factory = engine_factory or default_engine_factory(cfg)
@@ -425,6 +425,7 @@ def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None, core
     row["kv_tokens"] = None if cfg.unbounded else first.max_total_num_tokens
     row["unbounded"] = cfg.unbounded
     row["oracle"] = cfg.oracle
+    row["warm_start"] = cfg.warm_start
     if cfg.faults.any:
         row["faults"] = sim.fault_counts()
     return row

@@ -60,8 +60,11 @@ Engine options, each a ``Profile`` field with its derivation in ``_b300``:
 - **Plain data parallelism** (``gpus`` < 8: ``--tp 4 --dp 2`` without DP attention): each replica is
   a whole TP4 server on half the node (full weights, so 3.14M fp8 tokens of KV each), simulated as
   ``--backends 2 --policy direct`` because SGLang's DataParallelController round-robins requests
-  over the replicas by default (``load_balance_method`` ``round_robin``): the named miss source of
-  ``b300-tp4-fp8``, the collapsing profile.
+  over the replicas by default (``load_balance_method`` ``auto`` resolves to ``round_robin`` outside PD
+  disaggregation): the named miss source of ``b300-tp4-fp8``, the collapsing profile. Every conversation
+  ends up resident on both replicas, so the pair's effective capacity is one replica's pool (3.14M fp8
+  tokens: 16 mature conversations fit, 32 do not). Its collapse is measured in the steady state
+  (``--warm-start``, mature conversations as in the published runs; ``docs/calibration.md``).
 - **Mixed chunk** (``--enable-mixed-chunk``) and the **prefill delayer** (``--enable-prefill-delayer``,
   ``prefill_delayer_max_delay_passes`` 30 in ``srt/arg_groups/fields/schedule.py``): both off by
   default, as in SGLang.
@@ -237,7 +240,8 @@ def _b300(
             "  DataParallelController's default load_balance_method round_robin sends each request to the next",
             f"  one: simulate with --backends {8 // gpus} --policy direct. A turn lands on the replica that served the",
             "  conversation's previous turn about half the time; otherwise it recomputes every turn since its last",
-            "  visit there (the miss source of the collapsing deployment), and each replica holds every conversation.",
+            "  visit there (the miss source of the collapsing deployment), and each replica holds every conversation,",
+            f"  so the pair's effective capacity is one replica's {c:,} tokens.",
         ]
     if host_tokens:
         lines += [

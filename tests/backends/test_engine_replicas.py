@@ -40,3 +40,29 @@ def test_round_robin_over_two_replicas_misses_what_the_other_served() -> None:
     assert one["cache_hit_rate"] > 0.96
     assert two["cache_hit_rate"] < one["cache_hit_rate"] - 0.02
     assert two["ttft_p50_s"] > 1.5 * one["ttft_p50_s"]
+
+
+@pytest.mark.slow
+def test_the_pair_collapses_once_conversations_are_mature() -> None:
+    # docs/calibration.md's steady state: conversations entered at random turns, 40 minutes, the first
+    # 20 excluded. 16 mature conversations (~2.5M tokens) fit one replica's 3.14M, 48 do not: both
+    # replicas then recompute nearly every prompt, and tokens/min falls below a third of the 16 level.
+    def run(n: int) -> dict:
+        cfg = SimConfig(
+            profile="b300-tp4-fp8",
+            policy="direct",
+            backends=2,
+            conversations=n,
+            minutes=40,
+            warmup_minutes=20,
+            warm_start=True,
+        )
+        return run_one(cfg)
+
+    light, heavy = run(16), run(48)
+    assert light["cache_hit_rate"] > 0.9 and light["warm_start"] is True
+    assert heavy["total_tpm"] <= light["total_tpm"] / 3
+    assert heavy["cache_hit_rate"] < 0.6
+    # Mature conversations: well over 100k tokens per completed request at both levels.
+    for row in (light, heavy):
+        assert row["total_tpm"] / row["completed_rpm"] > 120_000

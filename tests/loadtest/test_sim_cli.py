@@ -108,3 +108,18 @@ def test_simulate_errors_are_clear() -> None:
         res = runner.invoke(app, base + extra)
         assert res.exit_code == 2, (extra, res.output)
         assert msg in res.output, (extra, res.output)
+
+
+def test_simulate_warm_start_enters_conversations_midway(tmp_path: Path) -> None:
+    def run(*extra: str) -> dict:
+        out = tmp_path / f"runs{len(extra)}.json"
+        args = ["simulate", "--profile", "tiny", "--conversations", "4", "--minutes", "1", "--warmup-minutes", "0"]
+        args += ["--scale", "0.032", "--jobs", "1", "--json", str(out), *extra]
+        res = runner.invoke(app, args, env={"COLUMNS": "200"})
+        assert res.exit_code == 0, res.output
+        return json.loads(out.read_text())["runs"][0]
+
+    cold, warm = run(), run("--warm-start")
+    assert (cold["warm_start"], warm["warm_start"]) == (False, True)
+    # The first requests carry their conversations' history: more prompt per completed request.
+    assert warm["input_tpm"] / warm["completed_rpm"] > cold["input_tpm"] / cold["completed_rpm"]
