@@ -109,6 +109,7 @@ AdmissionSection = section_model(
         "default_output": {"ge": 1},
         "output_clip": {"ge": 1},
         "rotate_on": {"pattern": "^(waiter|seat)$"},
+        "rotate_by": {"pattern": "^(lend|evict)$"},
     },
 )
 """``admission:``: ``policies/admission.py::SeatParams`` (the ``gateway`` stack's seats)."""

@@ -26,6 +26,9 @@ A seat is given up when
 - others wait in a higher priority band, or from a team served less than the seat's team, and the
   seat has been held ``min_hold_s`` (fairness must not wait a whole quantum).
 A swap-in costs a full recompute of the context, so the quantum trades throughput against waiting.
+Where only the running cap (not the KV) keeps the waiter out, the quantum lends instead of evicting
+(``rotate_by`` "lend", the default): the waiter borrows a free running slot for one turn and no seat
+is given up (see Lending).
 Victims are chosen per backend so that the fewest seats are released, most-served team first,
 then oldest seat.
 
@@ -61,18 +64,30 @@ A seat's budget counts every tier a backend reports, not only its GPU pool:
   The host tier is not reported by SGLang: the live gateway takes it from a backend's config
   (``host_tier_tokens``, ``host_load_tokens_per_s`` in ``backends/config.py``).
 
-Lending (off by default)
-------------------------
-With ``lend_free`` > 0, a waiter that the running cap (not the KV) keeps from a seat borrows a running
-slot for one turn (a one-shot seat, released when the turn ends) on a rank with at least ``lend_free``
-running slots free and fewer than ``lend_max`` lent turns in flight; when the router believes some rank
-holds ``lend_cached`` of its prompt, only there (a lent turn on another rank recomputes its context,
-which under DP attention stalls every rank). It trades the median and p95 TTFT (every lent turn has
-waited) for much shorter waits for a seat: docs/benchmarks.md has the figures.
+Lending
+-------
+**At the quantum** (``rotate_by`` "lend", the default): a waiter that the running cap, not the KV, keeps
+from a seat and that has waited the quantum borrows any free running slot for one turn (a one-shot
+seat, released when the turn ends; at most ``lend_max`` lent turns per rank; on the rank holding its
+prefix as below), instead of evicting an idle seat. Under a running cap the seats are few (6 per DP
+rank of 5 slots) and the seated conversations are the long ones, with the most cached context: an
+eviction there drops a ~150k-token cache for a conversation that comes back only a quantum later with
+a full recompute, and when the waiters all reach the quantum together (a cohort started at once) every
+idle seat of the rank rotates. A lent turn costs one prefill of the waiter and keeps every seat, and
+each waiter still gets a turn within about the quantum. With ``rotate_by`` "evict" the quantum takes an
+idle seat, as where the KV keeps the waiter out. docs/benchmarks.md ("The seven levels") has the
+figures of both.
+
+**Always** (``lend_free`` > 0, off by default): a waiter that the running cap (not the KV) keeps from a
+seat borrows a running slot for one turn (a one-shot seat, released when the turn ends) on a rank with
+at least ``lend_free`` running slots free and fewer than ``lend_max`` lent turns in flight; when the
+router believes some rank holds ``lend_cached`` of its prompt, only there (a lent turn on another rank
+recomputes its context, which under DP attention stalls every rank). It trades the median and p95 TTFT
+(every lent turn has waited) for much shorter waits for a seat: docs/benchmarks.md has the figures.
 
 Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900,
-``rotate_on`` "waiter", ``min_hold_s`` 20, ``idle_release_s`` 30, ``default_output`` 1024,
-``output_clip`` 4096 (SGLang's own clip), ``input_weight`` 1 and ``output_weight`` 1 (tokens
+``rotate_on`` "waiter", ``rotate_by`` "lend", ``min_hold_s`` 20, ``idle_release_s`` 30,
+``default_output`` 1024, ``output_clip`` 4096 (SGLang's own clip), ``input_weight`` 1 and ``output_weight`` 1 (tokens
 charged to a team's counter per token served), ``host_water`` 1.0, ``swap_overhead`` 0.01,
 ``running_overbook`` 1.2, ``full_idle_release_s`` 10, ``lend_free`` 0, ``lend_max`` 1,
 ``lend_cached`` 0.5.

@@ -30,10 +30,11 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
     ``min_hold_s`` first. Waiting order: seated turns, then priority band, team virtual token counter
     (charged ``input_weight`` · prompt + ``output_weight`` · output tokens), arrival. Idle seats go
     after ``idle_release_s`` (``full_idle_release_s`` on a full rank with waiters), or to a waiter
-    after the quantum (``quantum_s``; swap cost / ``swap_overhead`` with a host tier).
+    after the quantum (``quantum_s``; swap cost / ``swap_overhead`` with a host tier); where only the running
+    cap keeps a waiter out, it borrows a free running slot for one turn at the quantum instead (``rotate_by``).
 
     Parameters (``SeatParams``) and defaults: ``admit_water`` 0.85, ``high_water`` 0.95,
-    ``quantum_s`` 900, ``rotate_on`` "waiter", ``min_hold_s`` 20, ``idle_release_s`` 30,
+    ``quantum_s`` 900, ``rotate_on`` "waiter", ``rotate_by`` "lend", ``min_hold_s`` 20, ``idle_release_s`` 30,
     ``default_output`` 1024, ``output_clip`` 4096, ``input_weight`` 1, ``output_weight`` 1,
     ``host_water`` 1.0, ``swap_overhead`` 0.01, ``running_overbook`` 1.2, ``full_idle_release_s`` 10,
     ``lend_free`` 0 (lending off), ``lend_max`` 1, ``lend_cached`` 0.5.

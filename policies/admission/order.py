@@ -4,9 +4,10 @@ Order: priority band (team's ``priority`` + the request's, higher first), then t
 token counter (lowest first), then arrival. Placement: the router chooses among the slots where the
 seat fits (and that can ever hold the prompt, ``request_limits.can_hold``), never the slot a blocked
 head waits for (``avoid``: backfill); else the fitting slot with the least reserved. Victims
-(idle, held ``min_hold_s``, or
-``quantum_s`` per ``rotate_on``) are chosen per slot so that the fewest seats are released,
-most-served team first, then oldest seat. Parameters and defaults: ``SeatParams``.
+(idle, held ``min_hold_s``, or ``quantum_s`` per ``rotate_on``; not for the quantum where only the
+running cap keeps the waiter out and ``rotate_by`` is "lend": it borrows a running slot instead,
+``_lend``) are chosen per slot so that the fewest seats are released, most-served team first,
+then oldest seat. Parameters and defaults: ``SeatParams``.
 """
 
 from __future__ import annotations
@@ -57,11 +58,13 @@ class FairOrder(SeatSizing):
 
     def _lend(self, w: Waiter, now: float) -> Placement | None:
         """A slot whose running cap, not its KV, keeps ``w`` from a seat while at least ``lend_free`` of its
-        running slots are free now: ``w`` borrows one for this turn (a one-shot seat, released when the
-        turn ends). Seated conversations spend part of each cycle thinking; lending their idle running
-        slots keeps the cap busy without seating more conversations than it serves."""
+        running slots are free now (one, once ``w`` has waited the quantum and ``rotate_by`` is "lend"):
+        ``w`` borrows one for this turn (a one-shot seat, released when the turn ends). Seated
+        conversations spend part of each cycle thinking; lending their idle running slots keeps the
+        cap busy without seating more conversations than it serves."""
         p = self.params
-        if p.lend_free <= 0:
+        rotating = p.rotate_by == "lend" and p.rotate_on == "waiter"
+        if p.lend_free <= 0 and not rotating:
             return None
         busy: dict[Slot, int] = {}
         lent: dict[Slot, int] = {}
@@ -78,8 +81,20 @@ class FairOrder(SeatSizing):
         for slot, cap in slots:
             running_cap = self._running_cap(slot)
             budget = self._budget(cap)
+            # rotate_by "lend": a waiter that has waited the quantum takes any free running slot where the
+            # running cap (the seat limit) is what keeps it out
             if (
-                busy.get(slot, 0) + p.lend_free <= running_cap
+                rotating
+                and now - w.arrived >= self._quantum(slot, w.need)
+                and self._seats_on(slot) >= self._seat_limit(slot)
+            ):
+                free = 1
+            elif p.lend_free > 0:
+                free = p.lend_free
+            else:
+                continue
+            if (
+                busy.get(slot, 0) + free <= running_cap
                 and lent.get(slot, 0) < p.lend_max
                 and self.reserved.get(slot, 0) + min(w.need, budget) <= budget
                 and can_hold(w.req.prompt_tokens, cap, p.high_water)
@@ -119,19 +134,26 @@ class FairOrder(SeatSizing):
                 idle.setdefault(seat.slot, []).append(seat)
         for candidate, cap in slots:
             need = w.need if extra is None else extra
+            budget = self._budget(cap, growth=extra is not None)
+            used = self.reserved.get(candidate, 0)
+            # rotate_by "lend": where only the running cap keeps w out, the quantum lends (``_lend``), not evicts
+            by_quantum = not (
+                p.rotate_by == "lend"
+                and extra is None
+                and used + min(need, budget) <= budget
+                and self._seats_on(candidate) >= self._seat_limit(candidate)
+            )
             victims = []
             for seat in idle.get(candidate, ()):
                 held = now - seat.since
                 owner = self.teams[seat.team]
                 favoured = extra is not None or owner.vtc > team.vtc or self._band(w) > owner.limits.priority
                 quantum = self._quantum(candidate, seat.tokens)
-                if p.rotate_on == "waiter":
+                if p.rotate_on == "waiter" and by_quantum:
                     favoured = favoured or now - w.arrived >= quantum
                 if (p.rotate_on == "seat" and held >= quantum) or (favoured and held >= p.min_hold_s):
                     victims.append(seat)
             victims.sort(key=lambda s: (-self.teams[s.team].vtc, s.since))
-            budget = self._budget(cap, growth=extra is not None)
-            used = self.reserved.get(candidate, 0)
             # a new seat also needs a seat under the running cap; a growing one already has its own
             seats = self._seats_on(candidate) if extra is None else -1
             limit = self._seat_limit(candidate)

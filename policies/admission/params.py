@@ -13,13 +13,14 @@ class SeatParams:
     ``prompt_tokens + min(max_output_tokens or default_output, output_clip)``; a new seat fits while
     ``Σ seats + need ≤ admit_water · C · share``, a seated conversation grows up to ``high_water · C``;
     ``C = C_gpu + host_water · C_host`` with a host tier; a waiter may take an idle seat after
-    ``clip(swap_s / swap_overhead, min_hold_s, quantum_s)`` (``quantum_s`` without a host tier); a rank
+    ``clip(swap_s / swap_overhead, min_hold_s, quantum_s)`` (``quantum_s`` without a host tier), except where only
+    the running cap keeps it out: there (``rotate_by`` "lend") it borrows a free running slot for one turn; a rank
     holds at most ``ceil(running_overbook · max_running_requests · share)`` seats; with ``lend_free`` > 0 a
     waiter borrows a running slot for one turn where at least ``lend_free`` are free and fewer than
     ``lend_max`` lent turns run (only where its prefix is cached when some rank holds ``lend_cached`` of it).
 
     Defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900, ``rotate_on`` "waiter",
-    ``min_hold_s`` 20, ``idle_release_s`` 30, ``default_output`` 1024, ``output_clip`` 4096,
+    ``rotate_by`` "lend", ``min_hold_s`` 20, ``idle_release_s`` 30, ``default_output`` 1024, ``output_clip`` 4096,
     ``input_weight`` 1, ``output_weight`` 1, ``host_water`` 1.0, ``swap_overhead`` 0.01,
     ``running_overbook`` 1.2, ``full_idle_release_s`` 10, ``lend_free`` 0 (off), ``lend_max`` 1,
     ``lend_cached`` 0.5.
@@ -32,6 +33,10 @@ class SeatParams:
     rotate_on: str = "waiter"
     """What makes an idle seat revocable for a waiter: "waiter" (the waiter has waited ``quantum_s``;
     the seat was held ``min_hold_s``) or "seat" (the seat was held ``quantum_s``)."""
+    rotate_by: str = "lend"
+    """How a waiter that has waited the quantum is served where only the running cap (not the KV) keeps it
+    out: "lend" (it borrows a free running slot for one turn, whatever ``lend_free``; no seat is evicted) or
+    "evict" (it takes an idle seat, as where the KV keeps it out)."""
     idle_release_s: float = 30.0
     default_output: int = 1024
     output_clip: int = 4096

@@ -53,3 +53,38 @@ def test_a_free_running_slot_is_lent_for_one_turn_at_most_lend_max_per_rank() ->
     assert "c2" not in c.seats  # the lent seat went with its turn; the two seated conversations keep theirs
     assert {"c0", "c1"} <= set(c.seats)
     assert [(d.rid, d.reason) for d in again] == [(c3.rid, "lent")]
+
+
+def full_rank(rotate_by: str) -> tuple[SeatedAdmission, dict[str, str]]:
+    """As ``two_seats`` with lending off and a 100 s quantum rotating by ``rotate_by``."""
+    params = SeatParams(running_overbook=1.0, quantum_s=100.0, min_hold_s=1.0, rotate_by=rotate_by)
+    c = SeatedAdmission(RoundRobin(), params=params)
+    c.set_backends("m", [BackendView("b0", kv_tokens=10**9, max_running_requests=2)], 0.0)
+    rids = {}
+    for conv in ("c0", "c1"):
+        r = turn(conv)
+        assert len(sent(c.arrive(r, 0.0))) == 1
+        rids[conv] = r.rid
+    return c, rids
+
+
+def test_rotate_by_lend_serves_a_waiter_past_the_quantum_on_a_free_slot_and_evicts_no_seat() -> None:
+    c, rids = full_rank("lend")
+    c2 = turn("c2")
+    assert sent(c.arrive(c2, 0.0)) == []
+    assert sent(c.finish(rids["c0"], DONE, 99.0)) == []  # a free slot, but c2 has waited 99 s of 100
+    lent = sent(c.tick(101.0))
+    assert [(d.rid, d.reason) for d in lent] == [(c2.rid, "lent")]
+    assert {"c0", "c1"} <= set(c.seats)  # nobody lost a seat
+    sent(c.finish(c2.rid, DONE, 102.0))
+    assert "c2" not in c.seats  # the lent seat goes with its turn
+
+
+def test_rotate_by_evict_gives_a_waiter_past_the_quantum_an_idle_seat() -> None:
+    c, rids = full_rank("evict")
+    c2 = turn("c2")
+    assert sent(c.arrive(c2, 0.0)) == []
+    assert sent(c.finish(rids["c0"], DONE, 99.0)) == []
+    placed = sent(c.tick(101.0))
+    assert [(d.rid, d.reason) for d in placed] == [(c2.rid, "least_wait")]
+    assert "c2" in c.seats and "c0" not in c.seats  # c0's idle seat was given up
