@@ -24,6 +24,7 @@ from gateway.access import AccessLog, configure_access_log
 from gateway.client_routes import routes as client_routes
 from gateway.config import Config
 from gateway.errors import GatewayError, error_response
+from gateway.gcpause import quiet_gc
 from gateway.lifecycle import RequestPath
 from gateway.messages_surface import MessagesSurface
 from gateway.metrics import Metrics
@@ -124,6 +125,7 @@ def create_app(
         await gw.start()
         metrics_server = exposure.MetricsServer(gw)
         await metrics_server.start()
+        quiet_gc()
         try:
             yield
         finally:

@@ -139,6 +139,10 @@ class _Native(SseFilter):
             forward(event)
         return events
 
+    def one(self, event: bytes, now: float) -> bytes:
+        self.watch.forward(event)
+        return event
+
     def broken(self, status: int, message: str, code: str) -> bytes:
         if self.kind == "messages":
             return sse_event("error", error_envelope(status, message, code))

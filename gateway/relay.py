@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -104,6 +105,15 @@ class SseFilter:
 
     def __init__(self, watch: StreamWatch) -> None:
         self.watch = watch
+        self.result = watch.result
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "events" in cls.__dict__ and "one" not in cls.__dict__:
+            cls.one = cls._one_via_events  # type: ignore[method-assign]  # a filter that only changes ``events``
+
+    def _one_via_events(self, event: bytes, now: float) -> bytes:
+        return self.events(event, now)
 
     def start(self) -> bytes:
         """Bytes sent right after the 200 headers (before any upstream event)."""
@@ -112,6 +122,22 @@ class SseFilter:
     def events(self, events: bytes, now: float) -> bytes:
         """Whole upstream events that arrived together → the bytes the client gets (may be b"")."""
         return _forward(events, self.watch, now)
+
+    def one(self, event: bytes, now: float) -> bytes:
+        """``events`` for a read of exactly one single-line event (the steady state of a stream);
+        returns ``event`` itself when it goes out unchanged (the relay then forwards the upstream's
+        chunk frame as it came). Chat's: ``_forward``'s first case inline, from the end of the
+        event, where SGLang and OpenAI put ``finish_reason`` and ``usage``."""
+        result = self.result
+        if (
+            result.first_token_at is not None
+            and event.rfind(b'"finish_reason":null') >= 0
+            and (event.rfind(b'"usage":null') >= 0 or b'"usage"' not in event)
+        ):
+            result.output_chunks += 1
+            result.last_token_at = now
+            return event
+        return event if self.watch.forward(event) else b""
 
     def silence(self) -> bytes:
         """What the client gets after ``keepalive_s`` of upstream silence."""
@@ -205,6 +231,32 @@ async def _relay_direct(
     result = sse.watch.result
     ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     buffer = b""
+    one, events, monotonic = sse.one, sse.events, time.monotonic
+    write, is_closing = transport.write, transport.is_closing
+
+    def frame(data: bytes, body: bytes) -> bool:
+        """The steady state (``WireResponse.direct``): ``data`` is one whole chunk frame (or b"" for
+        several), ``body`` their data. Whole events and nothing left over from before: through the
+        filter (``one`` for a single-line event, else ``events``) and out in one write, the
+        upstream's frame itself when the filter forwarded one frame's event unchanged. Anything
+        else declines, and the read takes ``pump``'s way."""
+        if buffer or is_closing():
+            return False
+        try:
+            if body.find(b"\n") == len(body) - 2 and body[-1] == 10:  # one single-line event
+                out = one(body, monotonic())
+            elif body.endswith(b"\n\n") and b"\r" not in body:  # whole events (``_cut`` is the end)
+                out = events(body, monotonic())
+            else:
+                return False
+        except Exception as exc:  # a bug in the filter: the task raises it
+            if not ended.done():
+                ended.set_exception(exc)
+            return True
+        if out:
+            write(data if out is body and data else b"%x\r\n%s\r\n" % (len(out), out))
+            result.client_bytes += len(out)
+        return True
 
     def pump() -> None:
         nonlocal buffer
@@ -218,10 +270,10 @@ async def _relay_direct(
                     return
                 out, buffer = _step(sse, buffer, data)
                 if out:
-                    if transport.is_closing():  # the client left: its watcher cancels the task
+                    if is_closing():  # the client left: its watcher cancels the task
                         response.hold(True)
                         return
-                    transport.write(b"%x\r\n%s\r\n" % (len(out), out))
+                    write(b"%x\r\n%s\r\n" % (len(out), out))
                     result.client_bytes += len(out)
         except Exception as exc:  # an upstream error, or a bug: the task raises it
             if not ended.done():
@@ -232,13 +284,14 @@ async def _relay_direct(
         if ok:
             sink()
 
-    context = contextvars.copy_context()  # the filter's callbacks see this request's context
-
-    def sink() -> None:
-        context.run(pump)
+    # The filter's callbacks see this request's context; ``Context.run`` and ``partial`` are C, so
+    # this costs no Python frame per chunk.
+    context = contextvars.copy_context()
+    sink: Callable[[], None] = functools.partial(context.run, pump)
 
     client.on_writable = writable
     response.sink = sink
+    response.direct = functools.partial(context.run, frame)  # type: ignore[call-arg]
     try:
         if client.writing_paused():
             response.hold(True)
@@ -246,7 +299,7 @@ async def _relay_direct(
         await ended
         return buffer
     finally:
-        response.sink = None
+        response.sink = response.direct = None
         client.on_writable = None
         response.hold(False)
 

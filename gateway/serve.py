@@ -19,6 +19,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import Config
+from gateway.gcpause import ENV as QUIET_GC
 from gateway.httpserver import ENV as LIMITS_ENV
 from gateway.metrics import prepare_multiprocess_dir
 
@@ -40,6 +41,7 @@ def run(config: Config) -> None:
     _check_backlog(config.server.backlog)
     server = config.server
     os.environ[LIMITS_ENV] = server.model_dump_json()  # read by every worker's protocol
+    os.environ[QUIET_GC] = "1"  # each worker freezes its start-up objects (gateway/gcpause.py)
     common = dict(
         host=config.listen.host,
         port=config.listen.port,

@@ -155,6 +155,10 @@ class _Translating(SseFilter):
             out.append(translate(event))
         return b"".join(out)
 
+    def one(self, event: bytes, now: float) -> bytes:
+        self.watch.forward(event)
+        return self.relay.translate_event(event)
+
     def silence(self) -> bytes:
         return self.relay.translate_event(SILENCE)
 

@@ -30,6 +30,27 @@ SILENCE = b": keepalive\n\n"
 _HIGH_WATER = 1 << 20
 
 
+def _whole_frames(data: bytes) -> bytes:
+    """The data of the chunk frames ``data`` is made of, joined, if it is nothing but whole frames of
+    data (no last chunk, no extension), else b"" (the read then takes the general way)."""
+    parts: list[bytes] = []
+    pos, n = 0, len(data)
+    while pos < n:
+        i = data.find(b"\r\n", pos, pos + 10)
+        if i < 0:
+            return b""
+        try:
+            size = int(data[pos:i], 16)
+        except ValueError:
+            return b""
+        end = i + 2 + size
+        if not size or data[end : end + 2] != b"\r\n":
+            return b""
+        parts.append(data[i + 2 : end])
+        pos = end + 2
+    return b"".join(parts)
+
+
 class WireResponse(asyncio.Protocol):
     """One connection and the response on it (status, headers, body decoded as it arrives)."""
 
@@ -63,6 +84,10 @@ class WireResponse(asyncio.Protocol):
         self.finished = False
         self.sink: Callable[[], None] | None = None
         """Called instead of waking ``receive``'s waiter (a callback relay takes the data itself)."""
+        self.direct: Callable[[bytes, bytes], bool] | None = None
+        """The callback relay's fast path: given a read that is exactly one whole chunk frame and its
+        data (or b"" and the data of several whole frames), it relays the data and says True, or
+        declines (False) and the read takes the general way (``out``, then ``sink``)."""
 
     # ----- protocol callbacks -------------------------------------------------------------------
 
@@ -79,8 +104,21 @@ class WireResponse(asyncio.Protocol):
         self._wake()
 
     def data_received(self, data: bytes) -> None:
-        self.received = True
         self.last_rx = self.loop.time()
+        direct = self.direct
+        if direct is not None and not (self.raw or self.skip or self.chunk_left or self.out):
+            # The steady state of a relayed stream: one read, one chunk frame ``<hex>\r\n<data>\r\n``
+            # (the size line exactly the canonical lower-case hex of the data's length: no extension).
+            i = data.find(b"\r\n")
+            size = len(data) - i - 4
+            if size > 0 and data[:i] == b"%x" % size and data.endswith(b"\r\n"):
+                if direct(data, data[i + 2 : -2]):
+                    return
+            else:  # several whole frames that piled up while the worker was busy: their data in one
+                body = _whole_frames(data)
+                if body and direct(b"", body):
+                    return
+        self.received = True
         raw = self.raw + data if self.raw else data
         if not self.head_done:
             end = raw.find(b"\r\n\r\n")
@@ -274,7 +312,7 @@ class WireResponse(asyncio.Protocol):
         if self.finished:
             return
         self.finished = True
-        self.sink = None
+        self.sink = self.direct = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
