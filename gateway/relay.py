@@ -76,8 +76,8 @@ def _forward(events: bytes, watch: StreamWatch, now: float) -> bytes:
     for event in parts:
         if (
             result.first_token_at is not None
-            and b'"finish_reason":null' in event
-            and (b'"usage":null' in event or b'"usage"' not in event)
+            and event.rfind(b'"finish_reason":null') >= 0  # from the end: see ``SseFilter.one``
+            and (event.rfind(b'"usage":null') >= 0 or b'"usage"' not in event)
         ):
             result.output_chunks += 1
             result.last_token_at = now
