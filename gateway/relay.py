@@ -240,7 +240,7 @@ async def _relay_direct(
         filter (``one`` for a single-line event, else ``events``) and out in one write, the
         upstream's frame itself when the filter forwarded one frame's event unchanged. Anything
         else declines, and the read takes ``pump``'s way."""
-        if buffer or is_closing():
+        if buffer or is_closing() or ended.done():  # (ended: an upstream error is on its way out)
             return False
         try:
             if body.find(b"\n") == len(body) - 2 and body[-1] == 10:  # one single-line event
