@@ -2,15 +2,14 @@
 
 A full (generation 2) collection walks every tracked object in the process and holds the event loop
 while it does. Measured on one worker relaying 2,000 streams (docs/benchmarks.md, "The relay at
-scale", "The chunk path"): four or five full collections while a burst of streams opened, 70-400 ms
+scale", "The chunk path"): two to four full collections while a burst of streams opened, 70-540 ms
 each, and every chunk of every stream waited that long. ``quiet_gc`` runs once the worker has
 started: one collection, then ``gc.freeze()`` moves everything alive (modules, the app, the config:
 some 84,000 objects) to the permanent generation, which no later collection walks; and a full
 collection waits for 100 collections of the middle generation instead of 10 (with the freeze alone
 the live streams' objects, promoted as they age, still set one off every few hundred ms of a burst).
-Young collections stay as they are (700 allocations), and garbage in cycles is still collected:
-a 2,000-stream burst leaves about 20,000 such objects (about 10 a stream), freed at the next full
-collection.
+Young collections stay as they are (700 allocations), and garbage in cycles is still collected,
+at the next full collection (a stream leaves next to none: measured with ``gc.DEBUG_SAVEALL``).
 
 Only in a process that ``cachegate serve`` started (``ENV``, set by gateway/serve.py and inherited
 by its workers): an app started in a test process leaves that process's collector alone.
