@@ -76,6 +76,22 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     on_writable: Callable[[bool], None] | None = None
     """Told when the client's transport passes its high-water mark (False) and drains (True)."""
 
+    _on_lost: Callable[[], None] | None = None
+    _lost = False
+
+    def watch_lost(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` once when the connection closes (the request path's "client left", with
+        no task per request waiting on ``receive()``); False if it has closed already."""
+        if self._lost:
+            return False
+        self._on_lost = callback
+        self.flow.resume_reading()  # as a waiting receive() would: a paused read never sees EOF
+        return True
+
+    def unwatch_lost(self, callback: Callable[[], None]) -> None:
+        if self._on_lost is callback:
+            self._on_lost = None
+
     def direct_transport(self) -> asyncio.Transport | None:
         """The client's transport while the current response is started, chunked and open (the relay
         may then write chunk frames to it), else None."""
@@ -119,6 +135,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
         self.on_writable = None
+        self._lost = True
+        lost, self._on_lost = self._on_lost, None
+        if lost is not None:
+            lost()
 
     def _arm(self, delay: float, callback: object) -> None:
         self._disarm()

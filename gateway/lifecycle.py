@@ -128,6 +128,8 @@ class RequestPath:
             lent = scope.get("extensions", {}).get(DIRECT)
             if isinstance(lent, LimitedHttpToolsProtocol):  # our server: the relay writes chunks itself
                 req.client = lent
+            else:
+                lent = None
             await self.surface.prepare(req)
         except GatewayError as err:
             gw.metrics.requests.labels(team, "", "", str(err.status)).inc()
@@ -148,28 +150,39 @@ class RequestPath:
             elif message["type"] == "http.response.start" and not record.status:
                 record.status = int(message["status"])  # the status the client got, for the access log
 
-        # The work runs in this task; one watcher task cancels it if the client leaves (cheaper than
-        # a second task and asyncio.wait per request). uvicorn's receive() also says "disconnect"
-        # once the response is complete: not a client leaving.
+        # The work runs in this task; it is cancelled if the client leaves. On our server the
+        # connection says so when it closes (no task per request); elsewhere one watcher task waits
+        # for ``http.disconnect``. uvicorn's receive() also says "disconnect" once the response is
+        # complete: not a client leaving.
         task = asyncio.current_task()
         assert task is not None
         client_left = False
 
-        async def watch() -> None:
+        def left() -> None:
             nonlocal client_left
-            await _wait_disconnect(receive)
             if not complete:
                 client_left = True
                 task.cancel()
 
-        watcher = asyncio.create_task(watch())
+        async def watch() -> None:
+            await _wait_disconnect(receive)
+            left()
+
+        watcher = None
+        if lent is None:
+            watcher = asyncio.create_task(watch())
+        elif not lent.watch_lost(left):
+            left()
         try:
             await self._serve(rid, team, req, arrived, send_tracked, record)
         except asyncio.CancelledError:
             if not client_left:
                 raise
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif lent is not None:
+                lent.unwatch_lost(left)
             if client_left and task.cancelling():
                 task.uncancel()
             trace.end(client_left=client_left)
