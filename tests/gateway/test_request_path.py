@@ -81,3 +81,11 @@ async def test_an_upstream_error_passes_through_and_the_seat_is_given_back(upstr
         assert response.status_code == 400 and response.json()["error"]["message"] == "scripted failure"
         core = app.state.gateway.core
         assert core.running == {} and all(s.busy == 0 for s in core.seats.values())
+
+
+def test_request_ids_are_random_and_unique_across_refills() -> None:
+    from gateway.lifecycle import request_id
+
+    ids = [request_id() for _ in range(600)]  # more than one 4 KiB draw (256 ids)
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 35 and i.startswith("cg-") and int(i[3:], 16) >= 0 for i in ids)
