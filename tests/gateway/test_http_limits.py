@@ -119,3 +119,63 @@ def test_oversized_prompt_and_deep_json_are_400_at_once(gw: tuple[str, int]) -> 
     deep = b'{"model":"m","messages":[{"role":"user","content":"x"}],"tools":' + b"[" * 500 + b"]" * 500 + b"}"
     r = httpx.post(url + "/v1/chat/completions", content=deep, headers={"api-key": "key-a"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_complex"
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Cycle:
+    response_started = False
+    chunked_encoding: bool | None = None
+    expected_content_length = 0
+
+
+def test_a_whole_response_leaves_in_one_send_and_a_held_head_never_waits_past_the_loop_turn() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from gateway.httpserver import _OneSend
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        transport, cycle = _Transport(), _Cycle()
+        protocol = SimpleNamespace(cycle=cycle, loop=loop)
+        out = _OneSend(protocol, transport)  # type: ignore[arg-type]
+        out.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # before the response: not held
+        cycle.response_started, cycle.chunked_encoding, cycle.expected_content_length = True, False, 2
+        out.write(b"HEAD")
+        out.write(b"{}")
+        assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n", b"HEAD{}"]
+
+        # the next response on the connection: its head alone, its body late (after the turn)
+        cycle = protocol.cycle = _Cycle()
+        cycle.response_started, cycle.chunked_encoding, cycle.expected_content_length = True, False, 5
+        out.write(b"HEAD2")
+        assert transport.writes[-1] == b"HEAD{}"
+        await asyncio.sleep(0)
+        assert transport.writes[-1] == b"HEAD2"
+
+        # a chunked (streamed) response's head goes at once; close() writes anything held first
+        cycle = protocol.cycle = _Cycle()
+        cycle.response_started, cycle.chunked_encoding = True, True
+        out.write(b"HEAD3")
+        assert transport.writes[-1] == b"HEAD3"
+        cycle = protocol.cycle = _Cycle()
+        cycle.response_started, cycle.chunked_encoding, cycle.expected_content_length = True, False, 1
+        out.write(b"HEAD4")
+        out.close()
+        assert transport.writes[-1] == b"HEAD4" and transport.closed
+
+    asyncio.run(main())
