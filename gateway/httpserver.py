@@ -32,7 +32,10 @@ from dataclasses import dataclass
 
 import httptools
 import orjson
+from uvicorn.logging import TRACE_LOG_LEVEL
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
 from gateway.errors import error_body
 
@@ -170,7 +173,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.on_writable(True)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # uvicorn's own, but the addresses from the transport's extra info, which uvloop filled at
+        # accept: uvicorn asks socket objects made for the purpose (five syscalls a connection).
+        self.connections.add(self)
+        self.transport = transport
+        self.flow = FlowControl(transport)
+        local, peer = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+        if isinstance(local, tuple) and isinstance(peer, tuple):
+            self.server, self.client = (str(local[0]), int(local[1])), (str(peer[0]), int(peer[1]))
+        else:  # not uvloop's TCP, or a Unix socket: uvicorn's way
+            self.server, self.client = get_local_addr(transport), get_remote_addr(transport)
+        self.scheme = "https" if is_ssl(transport) else "http"
+        if self.logger.level <= TRACE_LOG_LEVEL:
+            prefix = f"{self.client[0]}:{self.client[1]} - " if self.client else ""
+            self.logger.log(TRACE_LOG_LEVEL, "%sHTTP connection made", prefix)
         self._lim = limits()
         self._reading_head = True
         self._head_bytes = 0

@@ -179,3 +179,46 @@ def test_a_whole_response_leaves_in_one_send_and_a_held_head_never_waits_past_th
         assert transport.writes[-1] == b"HEAD4" and transport.closed
 
     asyncio.run(main())
+
+
+def test_the_scope_has_the_addresses_uvicorn_would_give() -> None:
+    import threading
+
+    import uvicorn
+
+    from gateway.httpserver import LimitedHttpToolsProtocol
+
+    seen: list[tuple[object, object]] = []
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        if scope["type"] != "http":
+            return
+        seen.append((scope["client"], scope["server"]))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+    port = free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        http=LimitedHttpToolsProtocol,
+        loop="uvloop",
+        lifespan="off",
+        log_level="warning",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert sock.recv(4096).endswith(b"ok")
+            assert seen == [(sock.getsockname(), sock.getpeername())]  # (client, server)
+    finally:
+        server.should_exit = True
+        thread.join(10)
