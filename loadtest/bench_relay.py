@@ -2,7 +2,7 @@
 
     python -m loadtest.bench_relay [--streams 500,2000] [--interval 0.1] [--tokens 50] [--workers 1]
                                    [--redis-url URL] [--short-seconds 10] [--baseline /work/main]
-                                   [--set overload.max_lag_ms=500] [--gateway-log FILE]
+                                   [--set overload.max_lag_ms=500] [--gateway-log FILE] [--pin] [--repeat N]
     python -m loadtest.bench_relay --scaling --cpu-quota 0.4 [--rounds 2] [--short-seconds 8]
 
 Starts the synthetic SGLang-like upstream (loadtest/relay_upstream.py), the gateway (``--workers``
@@ -14,6 +14,10 @@ completed, errors, CPU per relayed chunk (user+system of the server's process tr
 over the whole level including connection set-up), peak RSS, transit p50/p99 (upstream send →
 client receive, per chunk) and the ratio of CPU per chunk to the router's. ``--short-seconds``
 adds a short-request mode: keep-alive clients sending non-streamed requests, CPU per 1,000.
+``--pin`` keeps each server (gateway workers, baseline, router) on the last ``--workers`` CPUs and
+the upstream and load generator on the others, so that on a small machine the harness does not
+take the server's core (one worker is one core); ``--repeat N`` runs each level N times against
+the same servers (the first run opens the upstream connections, the later ones find them pooled).
 
 ``--scaling`` runs only the workers mode instead (loadtest/bench_scale.py): closed-loop short requests
 against 1 worker without Redis, 1 worker with Redis and 2 workers with Redis (a private
@@ -33,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,10 +72,11 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
 
 @contextlib.contextmanager
 def process(
-    args: list[str], ready: str | None, cwd: Path = HERE, log: Path | None = None
+    args: list[str], ready: str | None, cwd: Path = HERE, log: Path | None = None, cpus: set[int] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
+    """``args`` as a child process (on ``cpus`` only, if given; its children inherit them), stopped at exit."""
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115  # closed below
-    proc = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=out)
+    proc = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=out, preexec_fn=_on(cpus))
     try:
         if ready:
             _wait(ready, proc)
@@ -87,6 +92,13 @@ def process(
             proc.wait(5)
         if log:
             out.close()  # type: ignore[union-attr]
+
+
+def _on(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that keeps the child on ``cpus`` (``--pin``)."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
 
 
 def tree(pid: int) -> list[int]:
@@ -128,7 +140,7 @@ class Target:
     pid: int
 
 
-def measure(target: Target, load_args: list[str]) -> dict[str, Any]:
+def measure(target: Target, load_args: list[str], cpus: set[int] | None = None) -> dict[str, Any]:
     """Run the load generator once against ``target``; the server's CPU and peak RSS over the run."""
     peak = [rss_mb(target.pid)]
     stop = threading.Event()
@@ -145,6 +157,7 @@ def measure(target: Target, load_args: list[str]) -> dict[str, Any]:
         cwd=HERE,
         capture_output=True,
         check=True,
+        preexec_fn=_on(cpus),
     ).stdout
     stop.set()
     sampler.join()
@@ -196,6 +209,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-quota", type=float, default=None, help="--scaling: CPUs per worker (cgroup v1)")
     parser.add_argument("--rounds", type=int, default=2, help="--scaling: rounds, alternated")
     parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="servers on the last --workers CPUs, the upstream and the load generator on the others",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs per level against the same servers")
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -203,6 +222,12 @@ def main(argv: list[str] | None = None) -> None:
         help="override the (branch) gateway's config, e.g. overload.max_lag_ms=500 (repeatable)",
     )
     args = parser.parse_args(argv)
+    servers = harness = None
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) <= args.workers:
+            parser.error(f"--pin needs more than --workers CPUs; this process has {len(cpus)}")
+        servers, harness = set(cpus[-args.workers :]), set(cpus[: -args.workers])
     py = sys.executable
     up_port = free_port()
     upstream = f"http://127.0.0.1:{up_port}"
@@ -212,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
             process(
                 [py, "-m", "loadtest.relay_upstream", "--port", str(up_port), "--interval", str(args.interval)],
                 upstream + "/health",
+                cpus=harness,
             )
         )
         cfg = gateway_config(tmp / "gateway.yaml", upstream, args.set)
@@ -246,7 +272,8 @@ def main(argv: list[str] | None = None) -> None:
             if args.redis_url:
                 cmd += ["--redis-url", args.redis_url]
             log = args.gateway_log if name == "cachegate" else None
-            proc = stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/readyz", cwd=src, log=log))
+            ready = f"http://127.0.0.1:{port}/readyz"
+            proc = stack.enter_context(process(cmd, ready, cwd=src, log=log, cpus=servers))
             targets.append(Target(name, port, proc.pid))
         if not args.no_router and importlib.util.find_spec("sglang_router") is not None:
             port = free_port()
@@ -270,20 +297,24 @@ def main(argv: list[str] | None = None) -> None:
                         str(free_port()),
                     ],
                     f"http://127.0.0.1:{port}/health",
+                    cpus=servers,
                 )
             )
             targets.append(Target("sglang-router", port, proc.pid))
         print(
             f"upstream: one chunk every {args.interval * 1000:.0f} ms, {args.tokens} chunks per stream; "
             f"gateway: {args.workers} worker(s), policy {args.policy}"
-            f"{', Redis ' + args.redis_url if args.redis_url else ', no Redis'}; load generator: its own process\n"
+            f"{', Redis ' + args.redis_url if args.redis_url else ', no Redis'}; load generator: its own process"
+            + (f"; servers on CPU {sorted(servers)}, harness on {sorted(harness or ())}" if servers else "")
+            + "\n"
         )
         print(
             "| streams | server | completed | errors | CPU s | CPU/chunk µs | × router | RSS MB | "
             "transit p50 ms | transit p99 ms |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|")
-        for level in (int(s) for s in args.streams.split(",")):
+        levels = [int(s) for s in args.streams.split(",")]
+        for level in (n for n in levels for _ in range(args.repeat)):
             ramp = args.ramp or max(0.5, level / 1000)
             timeout = ramp + args.tokens * args.interval * 3 + 30
             rows = [
@@ -302,6 +333,7 @@ def main(argv: list[str] | None = None) -> None:
                             "--timeout",
                             str(timeout),
                         ],
+                        harness,
                     ),
                 )
                 for t in targets
@@ -339,6 +371,7 @@ def main(argv: list[str] | None = None) -> None:
                             "--rate",
                             str(args.short_rate),
                         ],
+                        harness,
                     ),
                 )
                 for t in targets
