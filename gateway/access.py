@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from starlette.routing import BaseRoute, Match, Route
@@ -48,19 +48,16 @@ class AccessRecord:
     duration_s: float = 0.0
 
     def text(self) -> str:
-        parts = [f"{self.method} {self.path} status={self.status} route={self.route}"]
-        parts += [
-            f"{key}={value}"
-            for key, value in (("team", self.team), ("backend", self.backend), ("refusal", self.refusal))
-            if value
-        ]
-        parts += [
-            f"{key}={value:.3f}"
-            for key, value in (("queue_wait_s", self.queue_wait_s), ("ttft_s", self.ttft_s))
-            if value is not None
-        ]
-        parts.append(f"duration_s={self.duration_s:.3f}")
-        return " ".join(parts)
+        # One f-string with the optional fields spliced in (not a list joined): once per request.
+        return (
+            f"{self.method} {self.path} status={self.status} route={self.route}"
+            f"{f' team={self.team}' if self.team else ''}"
+            f"{f' backend={self.backend}' if self.backend else ''}"
+            f"{f' refusal={self.refusal}' if self.refusal else ''}"
+            f"{f' queue_wait_s={self.queue_wait_s:.3f}' if self.queue_wait_s is not None else ''}"
+            f"{f' ttft_s={self.ttft_s:.3f}' if self.ttft_s is not None else ''}"
+            f" duration_s={self.duration_s:.3f}"
+        )
 
     def json(self) -> str:
         fields = {
@@ -97,6 +94,77 @@ _JSON_HANDLER = logging.StreamHandler(sys.stderr)
 _JSON_HANDLER.setFormatter(logging.Formatter("%(message)s"))
 
 
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # gateway/serve.py's basicConfig
+_PREFIXES = {"%(message)s": False, _TEXT_FORMAT: True}  # formats written directly: with the time or not
+_TIME_FORMAT = logging.Formatter.default_time_format
+
+
+class _DirectLine:
+    """Writes an access-log line to its one stream handler without ``logging``'s record, format and
+    emit frames (~17 µs of a ~700 µs short request), producing the very line the handler would.
+
+    Only when what ``Logger.handle`` would do is known: the logger has no filters, the line reaches
+    exactly one handler, a plain ``StreamHandler`` without filters, formatting with one of the two
+    formats the gateway sets (``_PREFIXES``) the default way (local time, no ``datefmt``). Anything
+    else (a test's capture handler, a ``dictConfig``) goes through ``logging`` as before."""
+
+    __slots__ = ("_second", "_stamp")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._stamp = ""
+
+    def handler(self) -> tuple[logging.StreamHandler[Any], bool] | None:
+        """The handler to write to and whether its format has the time/level/name prefix, or None."""
+        if log.filters or log.disabled:
+            return None
+        found: logging.Handler | None = None
+        node: logging.Logger | None = log
+        while node is not None:
+            for h in node.handlers:
+                if found is not None:
+                    return None
+                found = h
+            if not node.propagate:
+                break
+            node = node.parent
+        if type(found) is not logging.StreamHandler or found.filters or found.level > logging.INFO:
+            return None
+        fmt = found.formatter
+        if type(fmt) is not logging.Formatter or fmt.datefmt is not None or fmt.converter is not time.localtime:
+            return None
+        if type(fmt._style) is not logging.PercentStyle:
+            return None
+        prefixed = _PREFIXES.get(fmt._fmt or "")
+        if prefixed is None or fmt.default_msec_format != "%s,%03d":
+            return None
+        return found, prefixed
+
+    def write(self, line: str) -> bool:
+        """Write ``line`` as the handler would; False when ``logging`` must do it (not written)."""
+        target = self.handler()
+        if target is None:
+            return False
+        h, prefixed = target
+        if prefixed:
+            now = time.time()
+            second = int(now)
+            if second != self._second:  # Formatter.formatTime, once a second
+                self._stamp = time.strftime(_TIME_FORMAT, time.localtime(second))
+                self._second = second
+            line = f"{self._stamp},{int((now - second) * 1000):03d} INFO {log.name}: {line}"
+        try:
+            with h.lock:  # type: ignore[union-attr]
+                h.stream.write(line + h.terminator)
+                h.stream.flush()
+        except Exception:  # as StreamHandler.emit does
+            h.handleError(log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None))
+        return True
+
+
+_DIRECT = _DirectLine()
+
+
 def configure_access_log(fmt: AccessFormat) -> None:
     """``json``: lines are bare JSON objects on stderr (not inside the root handler's format)."""
     if fmt == "json":
@@ -123,6 +191,9 @@ class AccessLog:
         self.routes = routes
         self.metrics = metrics
         self.fmt = fmt
+        self._static: dict[str, str] = {}
+        """Paths that matched a route without parameters (the template is the path itself): their
+        template without walking the routes again (2% of a short request). Bounded by the routes."""
         self.self_reporting = frozenset(self_reporting)
         """Paths whose POST endpoint sets ``AccessRecord.status`` itself (the request path, the overload
         guard): their ``send`` is not wrapped, which would cost a frame per relayed chunk."""
@@ -132,7 +203,13 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         method = str(scope["method"])
-        record = AccessRecord(method=method, route=route_template(self.routes, scope), path=str(scope["path"]))
+        path = str(scope["path"])
+        route = self._static.get(path)
+        if route is None:
+            route = route_template(self.routes, scope)
+            if route == path:
+                self._static[path] = route
+        record = AccessRecord(method=method, route=route, path=path)
         scope[SCOPE_KEY] = record
         started = time.monotonic()
 
@@ -151,6 +228,7 @@ class AccessLog:
             self.metrics.http_requests.labels(method if method in METHODS else "OTHER", record.route, str(status)).inc()
             if self.fmt != "off" and log.isEnabledFor(logging.INFO):
                 line = record.json() if self.fmt == "json" else record.text()
-                # handle() a record made here: log.info() would also walk the stack for the caller's
-                # file and line, which no access-log format shows.
-                log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None))
+                if not _DIRECT.write(line):
+                    # handle() a record made here: log.info() would also walk the stack for the
+                    # caller's file and line, which no access-log format shows.
+                    log.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None))

@@ -3,6 +3,7 @@ unknown routes, 401s and refusals included, with a bounded route label."""
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Iterator
 
@@ -122,3 +123,79 @@ async def test_json_lines_do_not_leak_into_a_later_text_gateway(upstream: FakeUp
     async with running(config(upstream.url)):
         logger = logging.getLogger("cachegate.access")
         assert logger.propagate is True and logger.handlers == []
+
+
+@pytest.mark.parametrize("fmt", ["%(asctime)s %(levelname)s %(name)s: %(message)s", "%(message)s"])
+def test_the_direct_line_is_the_line_logging_writes(monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    from gateway import access as mod
+
+    logger = logging.getLogger("cachegate.access")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "propagate", True)
+    monkeypatch.setattr(logger, "disabled", False)
+    wrote, want = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(wrote)
+    handler.setFormatter(logging.Formatter(fmt))
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+    for now in (1764577931.0423, 1764577931.9996, 1764577932.5):
+        monkeypatch.setattr(mod.time, "time", lambda now=now: now)
+        line = f"POST /v1/chat/completions status=200 route=/v1/chat/completions 100% at {now}"
+        assert mod._DIRECT.write(line)
+        reference = logging.StreamHandler(want)
+        reference.setFormatter(logging.Formatter(fmt))
+        reference.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, line, (), None))
+    assert wrote.getvalue() == want.getvalue() and wrote.getvalue().count("\n") == 3
+
+    # Anything else goes through logging: a second handler, a filter, another format.
+    second = logging.StreamHandler(io.StringIO())
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler, second])
+    assert not mod._DIRECT.write("x")
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+    handler.addFilter(lambda record: True)
+    assert not mod._DIRECT.write("x")
+    handler.filters.clear()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    assert not mod._DIRECT.write("x")
+    assert wrote.getvalue() == want.getvalue()
+
+
+async def test_static_templates_are_remembered_and_nothing_else() -> None:
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from gateway.access import AccessLog
+    from gateway.metrics import Metrics
+
+    async def ok(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    routes = [Route("/a", ok, methods=["POST"]), Route("/m/{model:path}", ok)]
+    seen: list[str] = []
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        seen.append(scope["cachegate.access"].route)  # type: ignore[attr-defined]
+
+    access = AccessLog(app, routes, Metrics(), fmt="off")
+    for method, path in (
+        ("POST", "/a"),
+        ("GET", "/a"),
+        ("GET", "/m/x"),
+        ("GET", "/m/y"),
+        ("GET", "/zz"),
+        ("POST", "/a"),
+    ):
+        await access({"type": "http", "method": method, "path": path, "headers": []}, None, None)  # type: ignore[arg-type]
+    assert seen == ["/a", "/a", "/m/{model:path}", "/m/{model:path}", "unknown", "/a"]
+    assert access._static == {"/a": "/a"}
+
+
+def test_text_lines_keep_their_format() -> None:
+    from gateway.access import AccessRecord
+
+    full = AccessRecord("POST", "/v1/x", "/v1/x", 429, "t", "b", "team_queue_full", 0.01234, 0.5, 1.0)
+    assert full.text() == (
+        "POST /v1/x status=429 route=/v1/x team=t backend=b refusal=team_queue_full"
+        " queue_wait_s=0.012 ttft_s=0.500 duration_s=1.000"
+    )
+    bare = AccessRecord("GET", "unknown", "/nope", 404, queue_wait_s=0.0, duration_s=0.0004)
+    assert bare.text() == "GET /nope status=404 route=unknown queue_wait_s=0.000 duration_s=0.000"
