@@ -45,14 +45,18 @@ class Dispatcher:
         """rid -> team of requests the core dispatched that still wait for their team lease (they
         hold no slot yet: /admin/state does not count them in flight)."""
         self._pending: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop it was started on: asyncio.get_running_loop() checks the pid (a getpid syscall)."""
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._ticker = asyncio.create_task(self._tick_loop(), name="dispatch-tick")
 
     async def stop(self) -> None:
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
         await cancel_and_wait([self._ticker])
+        self._loop = None
 
     @property
     def waiting(self) -> int:
@@ -63,7 +67,8 @@ class Dispatcher:
 
     async def admit(self, facts: RequestFacts) -> Dispatch:
         """Wait until the core dispatches this request; raise ``Refused`` if it refuses it."""
-        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        loop = self._loop or asyncio.get_running_loop()
+        future: asyncio.Future[Decision] = loop.create_future()
         self._waiting[facts.rid] = future
         self._apply(self.core.arrive(facts, self.clock()))
         while True:
@@ -88,7 +93,7 @@ class Dispatcher:
             if leased:
                 return decision
             # Another replica holds the team's leases: wait again, woken by a release anywhere.
-            future = asyncio.get_running_loop().create_future()
+            future = loop.create_future()
             self._waiting[facts.rid] = future
             self._apply(self.core.requeue(facts.rid, self.clock()))
 

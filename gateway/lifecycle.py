@@ -177,7 +177,8 @@ class RequestPath:
         # connection says so when it closes (no task per request); elsewhere one watcher task waits
         # for ``http.disconnect``. uvicorn's receive() also says "disconnect" once the response is
         # complete: not a client leaving.
-        task = asyncio.current_task()
+        # our connection knows its loop: asyncio.current_task() would look it up (a getpid syscall)
+        task = asyncio.current_task(lent.loop if lent is not None else None)
         assert task is not None
         client_left = False
 
@@ -229,7 +230,8 @@ class RequestPath:
         )
         trace = current_trace()
         trace.facts(facts.prompt_tokens)
-        m.queued.labels(team).inc()
+        queued = m.queued.labels(team)
+        queued.inc()
         trace.admission_started()
         held = HeldOpen(
             send,
@@ -256,13 +258,14 @@ class RequestPath:
             await held.stop()
             if not held.opened:
                 send = held.inner  # nothing to rewrite: one wrapper less per relayed chunk
-            m.queued.labels(team).dec()
+            queued.dec()
             waited = time.monotonic() - arrived
             record.queue_wait_s = waited
             m.queue_wait.labels(team, alias).observe(waited, trace.exemplar())
             trace.admission_done(waited)
         gw.routed(alias, decision, trace)
-        m.inflight.labels(team).inc()
+        inflight = m.inflight.labels(team)
+        inflight.inc()
         exchange = Exchange()
         client_left = False
         try:
@@ -280,7 +283,7 @@ class RequestPath:
             client_left = True
             raise
         finally:
-            m.inflight.labels(team).dec()
+            inflight.dec()
             result = exchange.result
             gw.dispatcher.release(
                 rid,

@@ -18,7 +18,7 @@ import httpx
 import orjson
 from starlette.types import Send
 
-from gateway.wire import WireResponse
+from gateway.wire import SILENCE, WireResponse
 
 _USAGE_NULL = re.compile(rb'"usage"\s*:\s*null')
 RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError)
@@ -122,9 +122,16 @@ def _payload(event: bytes) -> Any:
 
 
 async def read_body(response: WireResponse, limit: int = 64 * 1024 * 1024) -> bytes:
+    # receive() in a loop rather than ``async for`` over aiter_raw(): an async generator per
+    # response costs the event loop's first-iteration hook (a WeakSet entry added and removed).
     parts: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_raw():
+    while True:
+        chunk = await response.receive()
+        if chunk is SILENCE:
+            continue
+        if not chunk:
+            break
         size += len(chunk)
         if size > limit:
             break

@@ -54,9 +54,11 @@ def _whole_frames(data: bytes) -> bytes:
 class WireResponse(asyncio.Protocol):
     """One connection and the response on it (status, headers, body decoded as it arrives)."""
 
-    def __init__(self, client: WireClient, key: tuple[str, str, int]) -> None:
+    def __init__(
+        self, client: WireClient, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         self.client, self.key = client, key
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop or asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.status_code = 0
         self.headers: dict[str, str] = {}
@@ -333,4 +335,5 @@ class WireResponse(asyncio.Protocol):
 
     def reset(self) -> None:
         """Ready for the next request on the same connection."""
-        self.__init__(self.client, self.key)  # type: ignore[misc]
+        # The same loop: asyncio.get_running_loop() checks the pid (a getpid syscall) on every call.
+        self.__init__(self.client, self.key, self.loop)  # type: ignore[misc]

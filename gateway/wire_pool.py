@@ -46,10 +46,9 @@ class WireClient:
 
     def _take_idle(self, key: tuple[str, str, int]) -> WireResponse | None:
         idle = self.idle.get(key)
-        loop = asyncio.get_running_loop()
         while idle:
             since, transport, conn = idle.pop()
-            if transport.is_closing() or loop.time() - since >= self.keepalive_expiry_s:
+            if transport.is_closing() or conn.loop.time() - since >= self.keepalive_expiry_s:
                 transport.close()
                 self.release()
                 continue

@@ -122,3 +122,45 @@ async def test_json_lines_do_not_leak_into_a_later_text_gateway(upstream: FakeUp
     async with running(config(upstream.url)):
         logger = logging.getLogger("cachegate.access")
         assert logger.propagate is True and logger.handlers == []
+
+
+async def test_static_templates_are_remembered_and_nothing_else() -> None:
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from gateway.access import AccessLog
+    from gateway.metrics import Metrics
+
+    async def ok(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    routes = [Route("/a", ok, methods=["POST"]), Route("/m/{model:path}", ok)]
+    seen: list[str] = []
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        seen.append(scope["cachegate.access"].route)  # type: ignore[attr-defined]
+
+    access = AccessLog(app, routes, Metrics(), fmt="off")
+    for method, path in (
+        ("POST", "/a"),
+        ("GET", "/a"),
+        ("GET", "/m/x"),
+        ("GET", "/m/y"),
+        ("GET", "/zz"),
+        ("POST", "/a"),
+    ):
+        await access({"type": "http", "method": method, "path": path, "headers": []}, None, None)  # type: ignore[arg-type]
+    assert seen == ["/a", "/a", "/m/{model:path}", "/m/{model:path}", "unknown", "/a"]
+    assert access._static == {"/a": "/a"}
+
+
+def test_text_lines_keep_their_format() -> None:
+    from gateway.access import AccessRecord
+
+    full = AccessRecord("POST", "/v1/x", "/v1/x", 429, "t", "b", "team_queue_full", 0.01234, 0.5, 1.0)
+    assert full.text() == (
+        "POST /v1/x status=429 route=/v1/x team=t backend=b refusal=team_queue_full"
+        " queue_wait_s=0.012 ttft_s=0.500 duration_s=1.000"
+    )
+    bare = AccessRecord("GET", "unknown", "/nope", 404, queue_wait_s=0.0, duration_s=0.0004)
+    assert bare.text() == "GET /nope status=404 route=unknown queue_wait_s=0.000 duration_s=0.000"
