@@ -184,6 +184,35 @@ def gateway_config(path: Path, upstream: str, overrides: list[str] = ()) -> Path
     return path
 
 
+def start_upstream(stack: contextlib.ExitStack, interval: float, cpus: set[int] | None = None) -> str:
+    """The synthetic upstream (one chunk per ``interval`` a stream) until ``stack`` closes: its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "loadtest.relay_upstream", "--port", str(port), "--interval", str(interval)]
+    stack.enter_context(process(cmd, url + "/health", cpus=cpus))
+    return url
+
+
+def serve_command(cfg: Path, port: int, policy: str = "gateway", workers: int = 1) -> list[str]:
+    """``cachegate serve`` as the benchmarks run it."""
+    return [
+        *(sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(port)),
+        *("--log-level", "warning", "--policy", policy, "--workers", str(workers)),
+    ]
+
+
+def start_router(stack: contextlib.ExitStack, upstream: str, cpus: set[int] | None = None) -> Target | None:
+    """sglang-router (``round_robin``) in front of ``upstream`` until ``stack`` closes; None if not installed."""
+    if importlib.util.find_spec("sglang_router") is None:
+        return None
+    port = free_port()
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", upstream, "--policy", "round_robin"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"]
+    cmd += ["--prometheus-port", str(free_port())]  # not its default 29000: another router may hold it
+    proc = stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/health", cpus=cpus))
+    return Target("sglang-router", port, proc.pid)
+
+
 def _fmt_errors(errors: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(errors.items())) or "0"
 
@@ -228,18 +257,9 @@ def main(argv: list[str] | None = None) -> None:
         if len(cpus) <= args.workers:
             parser.error(f"--pin needs more than --workers CPUs; this process has {len(cpus)}")
         servers, harness = set(cpus[-args.workers :]), set(cpus[: -args.workers])
-    py = sys.executable
-    up_port = free_port()
-    upstream = f"http://127.0.0.1:{up_port}"
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-relay-")))
-        stack.enter_context(
-            process(
-                [py, "-m", "loadtest.relay_upstream", "--port", str(up_port), "--interval", str(args.interval)],
-                upstream + "/health",
-                cpus=harness,
-            )
-        )
+        upstream = start_upstream(stack, args.interval, harness)
         cfg = gateway_config(tmp / "gateway.yaml", upstream, args.set)
         if args.scaling:
             from loadtest.bench_scale import scaling
@@ -253,54 +273,16 @@ def main(argv: list[str] | None = None) -> None:
         for name, src in sources:
             conf = cfg if name == "cachegate" else base_cfg
             port = free_port()
-            cmd = [
-                py,
-                "-m",
-                "gateway.cli",
-                "serve",
-                "--config",
-                str(conf),
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-                "--policy",
-                args.policy,
-                "--workers",
-                str(args.workers),
-            ]
+            cmd = serve_command(conf, port, args.policy, args.workers)
             if args.redis_url:
                 cmd += ["--redis-url", args.redis_url]
             log = args.gateway_log if name == "cachegate" else None
             ready = f"http://127.0.0.1:{port}/readyz"
             proc = stack.enter_context(process(cmd, ready, cwd=src, log=log, cpus=servers))
             targets.append(Target(name, port, proc.pid))
-        if not args.no_router and importlib.util.find_spec("sglang_router") is not None:
-            port = free_port()
-            proc = stack.enter_context(
-                process(
-                    [
-                        py,
-                        "-m",
-                        "sglang_router.launch_router",
-                        "--worker-urls",
-                        upstream,
-                        "--policy",
-                        "round_robin",
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--log-level",
-                        "warn",
-                        "--prometheus-port",  # not its default 29000: another router may hold it
-                        str(free_port()),
-                    ],
-                    f"http://127.0.0.1:{port}/health",
-                    cpus=servers,
-                )
-            )
-            targets.append(Target("sglang-router", port, proc.pid))
+        router = None if args.no_router else start_router(stack, upstream, servers)
+        if router is not None:
+            targets.append(router)
         print(
             f"upstream: one chunk every {args.interval * 1000:.0f} ms, {args.tokens} chunks per stream; "
             f"gateway: {args.workers} worker(s), policy {args.policy}"

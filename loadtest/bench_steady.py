@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import subprocess
 import sys
@@ -27,7 +26,16 @@ from pathlib import Path
 
 import orjson
 
-from loadtest.bench_relay import HERE, free_port, gateway_config, process, tree
+from loadtest.bench_relay import (
+    HERE,
+    free_port,
+    gateway_config,
+    process,
+    serve_command,
+    start_router,
+    start_upstream,
+    tree,
+)
 
 
 def _times(pid: int) -> tuple[float, float]:
@@ -54,41 +62,18 @@ def main() -> None:
     if ramp + 3 + args.window > args.tokens * args.interval:
         parser.error("the streams end before the window does: more --tokens")
     py = sys.executable
-    up_port = free_port()
-    upstream = f"http://127.0.0.1:{up_port}"
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-steady-")))
-        stack.enter_context(
-            process(
-                [py, "-m", "loadtest.relay_upstream", "--port", str(up_port), "--interval", str(args.interval)],
-                upstream + "/health",
-            )
-        )
+        upstream = start_upstream(stack, args.interval)
         cfg = gateway_config(tmp / "gateway.yaml", upstream)
         targets: list[tuple[str, int, int]] = []
         for name, src in [("cachegate", HERE)] + ([("baseline", args.baseline.resolve())] if args.baseline else []):
             port = free_port()
-            cmd = [
-                py,
-                "-m",
-                "gateway.cli",
-                "serve",
-                "--config",
-                str(cfg),
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ]
-            proc = stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/readyz", cwd=src))
+            proc = stack.enter_context(process(serve_command(cfg, port), f"http://127.0.0.1:{port}/readyz", cwd=src))
             targets.append((name, port, proc.pid))
-        if args.router and importlib.util.find_spec("sglang_router") is not None:
-            port = free_port()
-            cmd = [py, "-m", "sglang_router.launch_router", "--worker-urls", upstream, "--policy", "round_robin"]
-            cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"]
-            cmd += ["--prometheus-port", str(free_port())]
-            proc = stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/health"))
-            targets.append(("sglang-router", port, proc.pid))
+        router = start_router(stack, upstream) if args.router else None
+        if router is not None:
+            targets.append((router.name, router.port, router.pid))
         print(
             f"{args.streams} streams × {args.tokens} chunks, one every {args.interval * 1000:.0f} ms; "
             f"window {args.window:.0f} s\n"
