@@ -20,7 +20,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import admin, exposure
-from gateway.access import AccessLog, configure_access_log
+from gateway.access import AccessLog
 from gateway.client_routes import routes as client_routes
 from gateway.config import Config
 from gateway.errors import GatewayError, error_response
@@ -144,7 +144,6 @@ def create_app(
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         *admin.routes(gw),
     ]
-    configure_access_log(config.access_log)
     app = GatewayApp(
         routes=routes,
         lifespan=lifespan,

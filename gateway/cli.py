@@ -93,7 +93,7 @@ def serve(
     ),
     log_level: str | None = typer.Option(None, "--log-level", help="debug, info, warning, error."),
     access_log: str | None = typer.Option(
-        None, "--access-log", help="One line per request on logger cachegate.access: text, json, off."
+        None, "--access-log", help="One line per request on stderr: text, json, off."
     ),
     admin_token: str | None = typer.Option(
         None, "--admin-token", help="Token for /admin/ (else $CACHEGATE_ADMIN_TOKEN; off if none)."

@@ -192,7 +192,7 @@ class Config(_Strict):
     keep-alives (SSE comments, or ``ping`` events on /v1/messages), so client idle timeouts hold;
     a refusal after that is one in-stream error event (0: never open early)."""
     access_log: Literal["text", "json", "off"] = "text"
-    """One line per HTTP request on the logger ``cachegate.access``: key=value text, bare JSON, or none."""
+    """One line per HTTP request on stderr (``gateway/access.py``): key=value text, bare JSON, or none."""
 
     @field_validator("admission")
     @classmethod

@@ -120,7 +120,38 @@ def _check_prompt(body: dict[str, Any]) -> int:
 def check_shape(body: Any) -> None:
     """Raise 400 ``request_too_complex`` when ``body`` passes a bound (``MAX_*`` above).
 
-    Iterative (no recursion, so any depth orjson parsed is safe to walk)."""
+    Iterative (no recursion, so any depth orjson parsed is safe to walk). A first walk visits the
+    containers only and builds no paths; the walk that names where a bound was passed runs only
+    when that one finds something (its counts are never lower, so it never misses a breach)."""
+    if not _within_bounds(body):
+        _name_the_breach(body)
+
+
+def _within_bounds(body: Any) -> bool:
+    if isinstance(body, str):
+        return len(body) <= MAX_STRING_CHARS
+    if not isinstance(body, dict | list):
+        return True
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(body, 1)]
+    values = 1  # every value seen so far, counted when its container is (never below the exact walk's)
+    while stack:
+        value, depth = stack.pop()
+        size = len(value)
+        if depth > MAX_DEPTH or size > MAX_ITEMS:
+            return False
+        values += size
+        if values > MAX_VALUES:
+            return False
+        for item in value.values() if isinstance(value, dict) else value:
+            if isinstance(item, str):
+                if len(item) > MAX_STRING_CHARS:
+                    return False
+            elif isinstance(item, dict | list):
+                stack.append((item, depth + 1))
+    return True
+
+
+def _name_the_breach(body: Any) -> None:
     stack: list[tuple[Any, int, str]] = [(body, 1, "")]
     values = 0
     while stack:

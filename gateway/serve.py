@@ -49,6 +49,8 @@ def run(config: Config) -> None:
         http="gateway.httpserver:LimitedHttpToolsProtocol",
         log_level=config.log_level.lower(),
         access_log=False,
+        # Nothing reads the client's address (keys name the team): no X-Forwarded-For layer per request.
+        proxy_headers=False,
         timeout_keep_alive=server.keep_alive_s,
         timeout_graceful_shutdown=10,
         limit_concurrency=server.limit_concurrency,

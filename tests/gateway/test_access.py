@@ -3,7 +3,7 @@ unknown routes, 401s and refusals included, with a bounded route label."""
 
 from __future__ import annotations
 
-import logging
+import re
 from collections.abc import Iterator
 
 import orjson
@@ -19,24 +19,33 @@ CHAT = "/v1/chat/completions"
 HI = {"model": "kimi", "messages": [{"role": "user", "content": "hi"}]}
 
 
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
+TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO cachegate\.access: (.*)$")
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+
+class Lines:
+    """The access-log lines written to stderr so far (the text lines without their prefix)."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self.capsys = capsys
+        self.raw: list[str] = []
+
+    @property
+    def lines(self) -> list[str]:
+        self.raw += self.capsys.readouterr().err.splitlines()
+        out = []
+        for line in self.raw:
+            text = TEXT_LINE.match(line)
+            if text:
+                out.append(text.group(1))
+            elif line.startswith("{"):
+                out.append(line)
+        return out
 
 
 @pytest.fixture()
-def access() -> Iterator[Lines]:
-    handler = Lines()
-    logger = logging.getLogger("cachegate.access")
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
+def access(capsys: pytest.CaptureFixture[str]) -> Lines:
+    capsys.readouterr()
+    return Lines(capsys)
 
 
 @pytest.fixture(scope="module")
@@ -116,12 +125,15 @@ async def test_access_log_off_still_counts(upstream: FakeUpstream, access: Lines
     assert 'cachegate_http_requests_total{method="GET",route="/healthz",status="200"} 1.0' in metrics
 
 
-async def test_json_lines_do_not_leak_into_a_later_text_gateway(upstream: FakeUpstream) -> None:
-    async with running(config(upstream.url, access_log="json")):
-        assert logging.getLogger("cachegate.access").propagate is False
-    async with running(config(upstream.url)):
-        logger = logging.getLogger("cachegate.access")
-        assert logger.propagate is True and logger.handlers == []
+async def test_lines_go_to_stderr_in_the_log_layout_or_as_bare_json(upstream: FakeUpstream, access: Lines) -> None:
+    async with running(config(upstream.url, access_log="json")) as (_, client):
+        assert (await client.get("/healthz")).status_code == 200
+    async with running(config(upstream.url)) as (_, client):
+        assert (await client.get("/readyz")).status_code in (200, 503)
+    first, second = access.lines
+    assert orjson.loads(first)["route"] == "/healthz", "json: one bare object, nothing around it"
+    assert second.startswith("GET /readyz status="), "text: after the time stamp, level and logger name"
+    assert len(access.raw) == 2 and access.raw[0] == first and TEXT_LINE.match(access.raw[1])
 
 
 async def test_static_templates_are_remembered_and_nothing_else() -> None:
