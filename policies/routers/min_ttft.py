@@ -324,7 +324,8 @@ class MinTTFT(Router):
         if e is None:
             return
         self._count(self._inflight_recent, e.slot[0], -1, now)
-        self._prefill_done(e, rid, now)
+        if e.ttft is None:  # else its first token ended its prefill already
+            self._prefill_done(e, rid, now)
         if outcome.ok and outcome.reached_backend:
             self.index.insert(e.slot, e.fp)  # the engine caches the prompt again as it finishes
             self._learn(e, outcome)
