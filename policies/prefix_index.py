@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import accumulate
+from operator import itemgetter
 
 from policies.types import Fingerprint
 
@@ -47,13 +48,17 @@ class BlockLRU:
     def insert(self, fp: Fingerprint) -> None:
         """Hold every block of ``fp`` (most recent: its first block), then evict to capacity."""
         blocks = self._blocks
+        move = blocks.move_to_end
+        added = 0
         for key, n in reversed(fp):
             if key in blocks:
-                blocks.move_to_end(key)
+                move(key)
             else:
                 blocks[key] = n
-                self.tokens += n
-        self._evict()
+                added += n
+        self.tokens += added
+        if self.tokens > self.capacity:
+            self._evict()
 
     def resize(self, capacity_tokens: int) -> None:
         self.capacity = max(1, capacity_tokens)
@@ -80,7 +85,11 @@ class BlockLRU:
 
 def cumulative_tokens(fp: Fingerprint) -> list[int]:
     """``c[i]`` = tokens in the first ``i`` blocks of ``fp`` (``c[0]`` = 0)."""
-    return [0, *accumulate(n for _, n in fp)]
+    return [0, *accumulate(map(_TOKENS, fp))]
+
+
+_TOKENS = itemgetter(1)
+"""A fingerprint block's token count."""
 
 
 class PrefixIndex:
@@ -108,7 +117,8 @@ class PrefixIndex:
 
     def insert(self, slot: Hashable, fp: Fingerprint) -> None:
         if fp:
-            self.slot(slot).insert(fp)
+            lru = self._slots.get(slot)
+            (lru if lru is not None else self.slot(slot)).insert(fp)
 
     def matched_tokens(self, slot: Hashable, fp: Fingerprint, cum: Sequence[int] | None = None) -> int:
         """Tokens of ``fp``'s prefix that ``slot`` probably holds (``cum``: ``cumulative_tokens(fp)``)."""
@@ -118,7 +128,7 @@ class PrefixIndex:
         blocks = lru.matched_blocks(fp)
         if cum is not None:
             return cum[blocks]
-        return sum(n for _, n in fp[:blocks])
+        return sum(map(_TOKENS, fp[:blocks]))
 
     def match_all(self, fp: Fingerprint, slots: Iterable[Hashable]) -> dict[Hashable, int]:
         """``matched_tokens`` for several slots, sharing one cumulative sum."""

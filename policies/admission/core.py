@@ -61,6 +61,8 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         self.teams: dict[str, TeamState] = {}
         self.models: dict[str, ModelViews] = {}
         self.seats: dict[str, Seat] = {}
+        self.seat_counts: dict[Slot, int] = {}
+        self._views_changed()  # the views' index (none yet)
         self.reserved: dict[Slot, int] = {}
         self.anchors: dict[int, str] = {}
         self.waiting: dict[str, Waiter] = {}
@@ -123,6 +125,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
     def set_backends(self, model: str, backends: Sequence[BackendView], now: float) -> list[Decision]:
         entry = self.models.setdefault(model, ModelViews())
         entry.views = {b.name: b for b in backends}
+        self._views_changed()
         for seat in list(self.seats.values()):
             if seat.model == model:
                 view = entry.views.get(seat.slot[0])
@@ -280,83 +283,90 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         matched_tokens: int | None = None,
         lent: bool = False,
     ) -> Dispatch:
-        team = self.team(w.req.team, now)
+        req = w.req
+        team = self.team(req.team, now)
         seat = self.seats.get(w.key)
         if seat is None or seat.slot != slot:
             if seat is not None:
                 self._release(seat)
-            seat = Seat(w.key, w.req.model, slot, w.req.team, 0, now, now, one_shot=w.one_shot or lent)
+            seat = Seat(w.key, req.model, slot, req.team, 0, now, now, one_shot=w.one_shot or lent)
             self.seats[w.key] = seat
+            self.seat_counts[slot] = self.seat_counts.get(slot, 0) + 1
         seat.tokens = self._reserve(seat, max(seat.tokens, w.need))
         seat.busy += 1
         seat.last_active = now
-        if len(w.req.fingerprint) > 0 and not w.req.conversation:
-            anchor = w.req.fingerprint[-2 if len(w.req.fingerprint) > 1 else -1][0]
-            if seat.anchor is not None:
+        fp = req.fingerprint
+        if fp and not req.conversation:
+            anchor = fp[-2 if len(fp) > 1 else -1][0]
+            if seat.anchor is not None and seat.anchor != anchor:
                 self.anchors.pop(seat.anchor, None)
             seat.anchor = anchor
             self.anchors[anchor] = w.key
-        charged = self.params.input_weight * w.req.prompt_tokens + self.params.output_weight * (
-            w.need - w.req.prompt_tokens
-        )
+        p = self.params
+        charged = p.input_weight * req.prompt_tokens + p.output_weight * (w.need - req.prompt_tokens)
         team.charge(charged)
         team.inflight += 1
         team.dispatched(now)
-        self.running[w.req.rid] = Running(w, slot, charged, lent)
-        decision = Dispatch(w.req.rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
-        self.router.dispatched(w.req, decision, now)
+        self.running[req.rid] = Running(w, slot, charged, lent)
+        decision = Dispatch(req.rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
+        self.router.dispatched(req, decision, now)
         return decision
 
     def _release(self, seat: Seat) -> None:
         if self.seats.get(seat.key) is seat:
             del self.seats[seat.key]
+            self.seat_counts[seat.slot] -= 1
         self.reserved[seat.slot] = self.reserved.get(seat.slot, 0) - seat.tokens
         if seat.anchor is not None and self.anchors.get(seat.anchor) == seat.key:
             del self.anchors[seat.anchor]
 
     def _schedule(self, now: float) -> list[Decision]:
         decisions: list[Decision] = []
+        if not self.waiting:
+            return decisions
         # 1. Turns of seated conversations: they take no new capacity.
         for w in self._order(list(self.waiting.values())):
+            req = w.req
             seat = self.seats.get(w.key)
-            team = self.teams[w.req.team]
-            if seat is None or seat.model != w.req.model or seat.slot[0] in w.req.exclude:
+            if seat is None or seat.model != req.model or seat.slot[0] in req.exclude:
                 continue
-            if not self._may_dispatch(team, now):
+            if not self._may_dispatch(self.teams[req.team], now):
                 continue
+            slot = seat.slot
             grow = w.need - seat.tokens
-            cap = self._capacity(seat.slot)
-            used = self.reserved.get(seat.slot, 0)
-            if (
-                grow > 0
-                and used + grow > self._budget(cap, growth=True)
-                and not self._make_room(w, now, seat.slot, grow)
-                and used + grow > (cap * self.share if cap else float("inf"))
-            ):
-                continue  # keeps its seat; goes when an idle seat there can be released
+            if grow > 0:
+                cap = self._capacity(slot)
+                used = self.reserved.get(slot, 0)
+                if (
+                    used + grow > self._budget(cap, growth=True)
+                    and not self._make_room(w, now, slot, grow)
+                    and used + grow > (cap * self.share if cap else float("inf"))
+                ):
+                    continue  # keeps its seat; goes when an idle seat there can be released
             self._take(w)
             scores = {"seated": 1.0}
-            matched = self.router.matched_tokens(w.req, *seat.slot)
+            matched = self.router.matched_tokens(req, *slot)
             if matched is not None:  # for traces: how much of this turn the backend should hold
                 scores["matched_tokens"] = float(matched)
-            decisions.append(self._dispatch(w, seat.slot, now, "prefix", scores, matched))
-        # 2. New seats, in fair order; a head that does not fit keeps the slot it waits for, and
-        # others backfill the model's other slots (policies/request_limits.py).
+            decisions.append(self._dispatch(w, slot, now, "prefix", scores, matched))
+        if self.waiting:
+            self._seat_new(now, decisions)
+        return decisions
+
+    def _seat_new(self, now: float, decisions: list[Decision]) -> None:
+        """2. New seats, in fair order; a head that does not fit keeps the slot it waits for, and
+        others backfill the model's other slots (policies/request_limits.py). Each waiter is tried
+        once, in ``_rank`` order, ranked again after a dispatch (it charges a team); one passed over
+        stays so (need not below its model's smallest failed, or its team at its cap: both only tighten)."""
         held: dict[str, Slot | None] = {}  # model -> the blocked head's slot
-        tried: set[str] = set()
         smallest_failed: dict[str, int] = {}  # model -> smallest need that found no slot behind the head
-        while True:
-            candidates = [
-                w
-                for w in self.waiting.values()
-                if w.req.rid not in tried
-                and w.need < smallest_failed.get(w.req.model, 1 << 62)
-                and self._may_dispatch(self.teams[w.req.team], now)
-            ]
-            if not candidates:
-                break
-            w = min(candidates, key=self._rank)
-            tried.add(w.req.rid)
+        order = self._order(list(self.waiting.values()))
+        while order:
+            w = order.pop(0)
+            if w.need >= smallest_failed.get(w.req.model, 1 << 62) or not self._may_dispatch(
+                self.teams[w.req.team], now
+            ):
+                continue
             head = w.req.model not in held
             place = self._place(w, now, avoid=held.get(w.req.model))
             if place is None and head and self._make_room(w, now):
@@ -370,7 +380,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                 continue
             self._take(w)
             decisions.append(self._dispatch(w, place.slot, now, place.reason, place.scores, place.matched_tokens, lent))
-        return decisions
+            order = self._order(order)  # its team's counter moved
 
     def _take(self, w: Waiter) -> None:
         del self.waiting[w.req.rid]

@@ -31,10 +31,11 @@ class FairOrder(SeatSizing):
         return self.teams[w.req.team].limits.priority + w.req.priority
 
     def _rank(self, w: Waiter) -> tuple[int, float, float, int]:
-        return (-self._band(w), self.teams[w.req.team].vtc, w.arrived, w.seq)
+        team = self.teams[w.req.team]  # _band's lookup, once
+        return (-(team.limits.priority + w.req.priority), team.vtc, w.arrived, w.seq)
 
     def _order(self, waiters: list[Waiter]) -> list[Waiter]:
-        return sorted(waiters, key=self._rank)
+        return sorted(waiters, key=self._rank) if len(waiters) > 1 else waiters
 
     def _head_slot(self, w: Waiter) -> Slot | None:
         """The slot a blocked head waits for (``policies/request_limits.py::head_slot``)."""
@@ -66,21 +67,9 @@ class FairOrder(SeatSizing):
         rotating = p.rotate_by == "lend" and p.rotate_on == "waiter"
         if p.lend_free <= 0 and not rotating:
             return None
-        busy: dict[Slot, int] = {}
-        lent: dict[Slot, int] = {}
-        for run in self.running.values():
-            busy[run.slot] = busy.get(run.slot, 0) + 1
-            if run.lent:
-                lent[run.slot] = lent.get(run.slot, 0) + 1
         slots = self._slots(w.req.model, w.req.exclude)
-        matched = {s: self.router.matched_tokens(w.req, *s) or 0 for s, _ in slots}
-        best = max(matched.values(), default=0)
-        if best >= p.lend_cached * w.req.prompt_tokens:
-            slots = [(s, c) for s, c in slots if matched[s] >= best]  # where its KV is: no recompute
-        fitting = set()
-        for slot, cap in slots:
-            running_cap = self._running_cap(slot)
-            budget = self._budget(cap)
+        free: dict[Slot, int] = {}  # running slots that must be free on each rank where it may borrow
+        for slot, _ in slots:
             # rotate_by "lend": a waiter that has waited the quantum takes any free running slot where the
             # running cap (the seat limit) is what keeps it out
             if (
@@ -88,18 +77,33 @@ class FairOrder(SeatSizing):
                 and now - w.arrived >= self._quantum(slot, w.need)
                 and self._seats_on(slot) >= self._seat_limit(slot)
             ):
-                free = 1
+                free[slot] = 1
             elif p.lend_free > 0:
-                free = p.lend_free
-            else:
-                continue
-            if (
-                busy.get(slot, 0) + free <= running_cap
-                and lent.get(slot, 0) < p.lend_max
-                and self.reserved.get(slot, 0) + min(w.need, budget) <= budget
-                and can_hold(w.req.prompt_tokens, cap, p.high_water)
-            ):
-                fitting.add(slot)
+                free[slot] = p.lend_free
+        if not free:
+            return None  # before counting the running requests and asking the router (most calls end here)
+        busy: dict[Slot, int] = {}
+        lent: dict[Slot, int] = {}
+        for run in self.running.values():
+            busy[run.slot] = busy.get(run.slot, 0) + 1
+            if run.lent:
+                lent[run.slot] = lent.get(run.slot, 0) + 1
+        room = [
+            slot
+            for slot, cap in slots
+            if slot in free
+            and busy.get(slot, 0) + free[slot] <= self._running_cap(slot)
+            and lent.get(slot, 0) < p.lend_max
+            and self.reserved.get(slot, 0) + min(w.need, self._budget(cap)) <= self._budget(cap)
+            and can_hold(w.req.prompt_tokens, cap, p.high_water)
+        ]
+        if not room:
+            return None
+        matched = {s: self.router.matched_tokens(w.req, *s) or 0 for s, _ in slots}
+        best = max(matched.values(), default=0)
+        if best >= p.lend_cached * w.req.prompt_tokens:
+            room = [s for s in room if matched[s] >= best]  # where its KV is: no recompute
+        fitting = set(room)
         if not fitting:
             return None
         place = self._choose(w, fitting, now)

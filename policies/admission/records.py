@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from policies.teams import TeamState
 from policies.types import BackendView, RequestFacts, Slot
@@ -55,6 +56,9 @@ class ModelViews:
     views: dict[str, BackendView] = field(default_factory=dict)
 
 
+_TOKENS = itemgetter(1)
+
+
 def conversation_of(req: RequestFacts, anchors: dict[int, str]) -> tuple[str, bool]:
     """The conversation a request continues: given by the caller, or found by the anchor (the last
     full block of a seated conversation's previous prompt) that this prompt extends. A match counts
@@ -63,7 +67,7 @@ def conversation_of(req: RequestFacts, anchors: dict[int, str]) -> tuple[str, bo
     by a whole other conversation."""
     if req.conversation:
         return req.conversation, False
-    total = sum(n for _, n in req.fingerprint)
+    total = sum(map(_TOKENS, req.fingerprint))
     after = 0
     for key, tokens in reversed(req.fingerprint):
         conv = anchors.get(key)

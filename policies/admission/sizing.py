@@ -23,8 +23,23 @@ class SeatSizing:
     share: float
     models: dict[str, ModelViews]
     seats: dict[str, Seat]
+    seat_counts: dict[Slot, int]
+    """Seats by slot (kept with ``seats``: counting them per question was a scan over every seat)."""
     reserved: dict[Slot, int]
     waiting: dict[str, Waiter]
+    _by_name: dict[str, BackendView]
+    """Each backend's view (the first model's that lists it); ``_views_changed`` rebuilds it."""
+    _slot_lists: dict[str, tuple[SeatParams, list[tuple[Slot, int]]]]
+    """``_slots`` of each model without exclusions (and the parameters it was computed with), until
+    ``_views_changed``: the placement asks for it for every waiter on every event."""
+
+    def _views_changed(self) -> None:
+        """The backend views changed (``set_backends``): drop what was derived from them."""
+        self._by_name = {}
+        for entry in self.models.values():
+            for name, view in entry.views.items():
+                self._by_name.setdefault(name, view)
+        self._slot_lists = {}
 
     def _need(self, req: RequestFacts) -> int:
         out = min(req.max_output_tokens or self.params.default_output, self.params.output_clip)
@@ -32,10 +47,23 @@ class SeatSizing:
 
     def _healthy(self, model: str, exclude: frozenset[str] = frozenset()) -> bool:
         entry = self.models.get(model)
-        return entry is not None and any(v.healthy and v.name not in exclude for v in entry.views.values())
+        if entry is not None:
+            for v in entry.views.values():  # a loop, not any(): no generator per request
+                if v.healthy and v.name not in exclude:
+                    return True
+        return False
 
     def _slots(self, model: str, exclude: frozenset[str]) -> list[tuple[Slot, int]]:
-        """Every healthy (backend, rank) of ``model`` with its capacity (0: unknown, unbounded)."""
+        """Every healthy (backend, rank) of ``model`` with its capacity (0: unknown, unbounded). The
+        list is shared: callers do not change it."""
+        if exclude:
+            return self._slots_of(model, exclude)
+        cached = self._slot_lists.get(model)
+        if cached is None or cached[0] is not self.params:  # host_water is part of the capacity
+            cached = self._slot_lists[model] = (self.params, self._slots_of(model, exclude))
+        return cached[1]
+
+    def _slots_of(self, model: str, exclude: frozenset[str]) -> list[tuple[Slot, int]]:
         entry = self.models.get(model)
         if entry is None:
             return []
@@ -51,20 +79,13 @@ class SeatSizing:
         return slots
 
     def _capacity(self, slot: Slot) -> int:
-        for candidate, cap in self._slots_all(slot[0]):
-            if candidate == slot:
-                return cap
-        return 0
-
-    def _slots_all(self, backend: str) -> list[tuple[Slot, int]]:
-        for entry in self.models.values():
-            view = entry.views.get(backend)
-            if view is not None:
-                cap = self._tier_capacity(view)
-                if view.dp_size > 1:
-                    return [((backend, r), cap) for r in range(view.dp_size)]
-                return [((backend, None), cap)]
-        return []
+        """Capacity of ``slot`` (0: unknown, or no such slot): a rank of a DP backend, else rank None."""
+        view = self._view_of(slot[0])
+        if view is None:
+            return 0
+        rank = slot[1]
+        exists = rank in range(view.dp_size) if view.dp_size > 1 else rank is None
+        return self._tier_capacity(view) if exists else 0
 
     def _budget(self, capacity: int, growth: bool = False) -> float:
         water = self.params.high_water if growth else self.params.admit_water
@@ -80,11 +101,7 @@ class SeatSizing:
     # Kept apart from the seat mechanics above so that the two can change independently.
 
     def _view_of(self, backend: str) -> BackendView | None:
-        for entry in self.models.values():
-            view = entry.views.get(backend)
-            if view is not None:
-                return view
-        return None
+        return self._by_name.get(backend)
 
     def _tier_capacity(self, view: BackendView) -> int:
         """Seat budget base of one rank: its GPU pool plus ``host_water`` of a host tier it reloads from."""
@@ -119,7 +136,7 @@ class SeatSizing:
         return math.floor(view.max_running_requests * self.share + 1e-9)
 
     def _seats_on(self, slot: Slot) -> int:
-        return sum(1 for seat in self.seats.values() if seat.slot == slot)
+        return self.seat_counts.get(slot, 0)
 
     def _idle_release_s(self, seat: Seat) -> float:
         """Idle time after which a seat is released: ``idle_release_s``, or ``full_idle_release_s``

@@ -7,8 +7,12 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from itertools import pairwise
+from operator import itemgetter
 
 from policies.types import Fingerprint, Slot
+
+_KEY = itemgetter(0)
+"""A fingerprint block's key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,22 +77,23 @@ class CommonBlocks:
         return depth
 
     def observe(self, fp: Fingerprint) -> None:
-        nxt, counts = self._next, self._counts
-        head = fp[: self.scan_blocks]
-        for (key, _), (succ, _) in pairwise(head):
-            seen = nxt.get(key)
+        nxt, counts, branch = self._next, self._counts, self._BRANCH
+        keys = tuple(map(_KEY, fp[: self.scan_blocks]))
+        get, move = nxt.get, nxt.move_to_end
+        for key, succ in pairwise(keys):
+            seen = get(key)
             if seen is None:
                 nxt[key] = succ
             else:
-                if seen != succ and seen != self._BRANCH:
-                    nxt[key] = self._BRANCH
-                nxt.move_to_end(key)
+                if seen != succ and seen != branch:
+                    nxt[key] = branch
+                move(key)
         while len(nxt) > self.max_blocks:
             nxt.popitem(last=False)
-        keys = tuple(k for k, _ in head)
         self._recent.append(keys)
+        count = counts.get
         for k in keys:
-            counts[k] = counts.get(k, 0) + 1
+            counts[k] = count(k, 0) + 1
         if len(self._recent) > self.window:
             for k in self._recent.popleft():
                 left = counts[k] - 1
@@ -116,7 +121,9 @@ class Footprint:
             if old is not None:
                 self._total[home] -= old[1]
         self._home[key] = slot
-        recent = self._per_slot.setdefault(slot, OrderedDict())
+        recent = self._per_slot.get(slot)
+        if recent is None:
+            recent = self._per_slot[slot] = OrderedDict()
         recent[key] = (now, tokens)
         self._total[slot] = self._total.get(slot, 0) + tokens
 

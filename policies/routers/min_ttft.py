@@ -136,6 +136,9 @@ class MinTTFT(Router):
         self._pending_recent: dict[str, RecentMax] = {}
         self._mean_prefill_s = self.model.seconds(8_000, 0)
         self.footprint = Footprint(active_s)
+        self._cum_of: tuple[Fingerprint, list[int]] = ((), [0])
+        """The last fingerprint's ``cumulative_tokens``: admission's ``matched_tokens``, ``route`` and
+        ``dispatched`` ask for the same request's one after another."""
 
     # -- helpers ---------------------------------------------------------------------------------
     def _state(self, slot: Slot) -> _SlotState:
@@ -143,6 +146,13 @@ class MinTTFT(Router):
         if st is None:
             st = self._slots[slot] = _SlotState()
         return st
+
+    def _cum(self, fp: Fingerprint) -> list[int]:
+        last, cum = self._cum_of
+        if fp is not last:  # identity: the same tuple object, so the same blocks
+            cum = cumulative_tokens(fp)
+            self._cum_of = (fp, cum)
+        return cum
 
     def _prefill(self, backend: str, prompt: int, cached: int) -> float:
         return self.model.seconds(prompt - cached, cached) / self.speed.get(backend, 1.0)
@@ -154,7 +164,9 @@ class MinTTFT(Router):
         return r
 
     def _count(self, table: dict[str, RecentMax], backend: str, delta: int, now: float) -> None:
-        r = self._recent(table, backend)
+        r = table.get(backend)
+        if r is None:
+            r = self._recent(table, backend)
         r.set(r.value + delta, now)
 
     def _surplus(self, view: BackendView, now: float) -> tuple[float, float]:
@@ -174,7 +186,7 @@ class MinTTFT(Router):
         if not slots:
             return None
         fp = req.fingerprint
-        cum = cumulative_tokens(fp)
+        cum = self._cum(fp)
         prompt = max(req.prompt_tokens, cum[-1])
         common_blocks = self.common.prefix_blocks(fp)
         common_tokens = cum[common_blocks]
@@ -265,24 +277,25 @@ class MinTTFT(Router):
 
     def matched_tokens(self, req: RequestFacts, backend: str, rank: int | None) -> int:
         """Tokens of ``req`` that ``backend`` (rank) probably holds, by this router's index."""
-        return self.index.matched_tokens((backend, rank), req.fingerprint)
+        fp = req.fingerprint
+        return self.index.matched_tokens((backend, rank), fp, self._cum(fp))
 
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
         slot = slot_of(decision)
-        fp = req.fingerprint
-        cum = cumulative_tokens(fp)
+        backend, rid, fp = slot[0], req.rid, req.fingerprint
+        cum = self._cum(fp)
         prompt = max(req.prompt_tokens, cum[-1])
         cached = self.index.matched_tokens(slot, fp, cum)
-        p = self._prefill(slot[0], prompt, cached)
+        p = self._prefill(backend, prompt, cached)
         st = self._state(slot)
         start = max(st.busy_until, now)
         st.busy_until = start + p
         st.pending_s += p
-        st.pending.add(req.rid)
-        self._count(self._pending_recent, slot[0], 1, now)
-        self._count(self._inflight_recent, slot[0], 1, now)
-        self._entries[req.rid] = _Entry(slot, fp, prompt, cached, p, start - now, now)
-        self._inflight.add(req.rid, slot)
+        st.pending.add(rid)
+        self._count(self._pending_recent, backend, 1, now)
+        self._count(self._inflight_recent, backend, 1, now)
+        self._entries[rid] = _Entry(slot, fp, prompt, cached, p, start - now, now)
+        self._inflight.add(rid, slot)
         self.footprint.touch(slot, self._key(fp, self.common.prefix_blocks(fp), req), prompt, now)
         self.index.insert(slot, fp)
         self.common.observe(fp)
@@ -311,7 +324,8 @@ class MinTTFT(Router):
         if e is None:
             return
         self._count(self._inflight_recent, e.slot[0], -1, now)
-        self._prefill_done(e, rid, now)
+        if e.ttft is None:  # else its first token ended its prefill already
+            self._prefill_done(e, rid, now)
         if outcome.ok and outcome.reached_backend:
             self.index.insert(e.slot, e.fp)  # the engine caches the prompt again as it finishes
             self._learn(e, outcome)

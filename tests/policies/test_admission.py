@@ -344,6 +344,8 @@ def test_random_events_keep_the_books(evts: list[tuple[str, int, int, str]]) -> 
         for slot, tokens in c.reserved.items():
             assert tokens == per_slot.get(slot, 0)
             assert tokens >= 0
+        seats_per_slot = Counter(seat.slot for seat in c.seats.values())
+        assert {s: n for s, n in c.seat_counts.items() if n} == dict(seats_per_slot)
         assert set(c.waiting) == {r for r, s in live.items() if s == "waiting"}
         assert set(c.running) == {r for r, s in live.items() if s == "running"}
         for name, state in c.teams.items():

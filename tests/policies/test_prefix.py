@@ -147,6 +147,20 @@ def test_streamed_fingerprint_equals_fingerprint_of_the_rendering(turns: int) ->
     assert request_fingerprint({"messages": []}, RATIO) == ((), 0)
 
 
+def test_many_small_messages_hash_as_their_rendering() -> None:
+    """Small messages are hashed in batches and a long content alone: the bytes are the same."""
+    roles = ["user", "assistant", "tool", "critic", 7]
+    msgs: list = [{"role": roles[i % 5], "content": _text(i, 40 + i % 300)} for i in range(150)]
+    msgs[70]["content"] = _text(1, 5000)
+    expected = b"".join(b"\x1e" + str(m["role"]).encode() + b"\x1f" + m["content"].encode() for m in msgs)
+    msgs.append(["not", "a", "mapping"])
+    expected += b'\x1e["not","a","mapping",]'
+    body = {"messages": msgs}
+    assert render(body) == expected
+    for block in (BLOCK_BYTES, 7, 4096):
+        assert request_fingerprint(body, 0.3, block) == (fingerprint(expected, 0.3, block), len(expected))
+
+
 def test_token_estimates_add_up() -> None:
     data = render(_chat())
     for ratio in (0.25, 0.3, 0.17):
