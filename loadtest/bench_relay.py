@@ -6,14 +6,15 @@
     python -m loadtest.bench_relay --scaling --cpu-quota 0.4 [--rounds 2] [--short-seconds 8]
 
 Starts the synthetic SGLang-like upstream (loadtest/relay_upstream.py), the gateway (``--workers``
-processes; with ``--redis-url`` they share state), sglang-router (``round_robin``) if it is
-installed, and optionally a second gateway run from another checkout (``--baseline DIR``: before
-and after in one run). Then for each level of concurrent streams it runs the load generator
-(loadtest/relay_load.py, its own process) against each server in turn, and prints: streams
-completed, errors, CPU per relayed chunk (user+system of the server's process tree, from /proc,
-over the whole level including connection set-up), peak RSS, transit p50/p99 (upstream send →
-client receive, per chunk) and the ratio of CPU per chunk to the router's. ``--short-seconds``
-adds a short-request mode: keep-alive clients sending non-streamed requests, CPU per 1,000.
+processes; with ``--redis-url`` they share state), sglang-router (``round_robin``; ``--router-policy
+cache_aware`` for its default policy) if it is installed, and optionally a second gateway run from
+another checkout (``--baseline DIR``: before and after in one run). Then for each level of
+concurrent streams it runs the load generator (loadtest/relay_load.py, its own process) against each
+server in turn, and prints: streams completed, errors, CPU per relayed chunk (user+system of the
+server's process tree, from /proc, over the whole level including connection set-up), peak RSS,
+transit p50/p99 (upstream send → client receive, per chunk) and the ratio of CPU per chunk to the
+router's. ``--short-seconds`` adds a short-request mode: keep-alive clients sending non-streamed
+requests, CPU per 1,000.
 ``--pin`` keeps each server (gateway workers, baseline, router) on the last ``--workers`` CPUs and
 the upstream and load generator on the others, so that on a small machine the harness does not
 take the server's core (one worker is one core); ``--repeat N`` runs each level N times against
@@ -201,12 +202,14 @@ def serve_command(cfg: Path, port: int, policy: str = "gateway", workers: int = 
     ]
 
 
-def start_router(stack: contextlib.ExitStack, upstream: str, cpus: set[int] | None = None) -> Target | None:
-    """sglang-router (``round_robin``) in front of ``upstream`` until ``stack`` closes; None if not installed."""
+def start_router(
+    stack: contextlib.ExitStack, upstream: str, cpus: set[int] | None = None, policy: str = "round_robin"
+) -> Target | None:
+    """sglang-router (``policy``) in front of ``upstream`` until ``stack`` closes; None if not installed."""
     if importlib.util.find_spec("sglang_router") is None:
         return None
     port = free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", upstream, "--policy", "round_robin"]
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", upstream, "--policy", policy]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"]
     cmd += ["--prometheus-port", str(free_port())]  # not its default 29000: another router may hold it
     proc = stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/health", cpus=cpus))
@@ -244,6 +247,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--repeat", type=int, default=1, help="runs per level against the same servers")
     parser.add_argument(
+        "--router-policy",
+        choices=("round_robin", "cache_aware"),
+        default="round_robin",
+        help="sglang-router's policy: round_robin (its cheapest) or cache_aware (its default: a prefix tree)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -280,12 +289,13 @@ def main(argv: list[str] | None = None) -> None:
             ready = f"http://127.0.0.1:{port}/readyz"
             proc = stack.enter_context(process(cmd, ready, cwd=src, log=log, cpus=servers))
             targets.append(Target(name, port, proc.pid))
-        router = None if args.no_router else start_router(stack, upstream, servers)
+        router = None if args.no_router else start_router(stack, upstream, servers, args.router_policy)
         if router is not None:
             targets.append(router)
         print(
             f"upstream: one chunk every {args.interval * 1000:.0f} ms, {args.tokens} chunks per stream; "
             f"gateway: {args.workers} worker(s), policy {args.policy}"
+            f"{'' if args.no_router else f'; sglang-router policy {args.router_policy}'}"
             f"{', Redis ' + args.redis_url if args.redis_url else ', no Redis'}; load generator: its own process"
             + (f"; servers on CPU {sorted(servers)}, harness on {sorted(harness or ())}" if servers else "")
             + "\n"
