@@ -7,10 +7,11 @@ label whatever clients send. The request path fills the request's ``AccessRecord
 backend, queue wait, time to first token, refusal code).
 
 Lines go to stderr, written here (one ``write`` of one line each, stderr being line-buffered), not
-through Python's ``logging``: a record made, filtered, formatted and handled per request was 9% of a
-short request's CPU (py-spy, docs/benchmarks.md). ``text`` lines keep the other log lines' layout
-(``2026-12-01 09:28:39,895 INFO cachegate.access: POST /v1/... status=200 ...``); ``json`` lines are
-one bare object each; ``access_log`` in the config or ``--access-log`` chooses, ``off`` silences.
+through Python's ``logging``: a record made, filtered, formatted and handled per request was ~12% of
+a short request's CPU (docs/benchmarks.md, "The short request, second pass"). ``text`` lines keep
+the other log lines' layout (``2026-12-01 09:28:39,895 INFO cachegate.access: POST /v1/...
+status=200 ...``); ``json`` lines are one bare object each; ``access_log`` in the config or
+``--access-log`` chooses, ``off`` silences.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Measure the routing hot path: fingerprinting a 640 KB chat request (about 160k tokens), and one
 ``min-ttft`` / ``sglang-cache-aware`` decision over 64 cache slots with thousands of conversations
-indexed. Prints p50 / p99 per step.
+indexed; and the request path's bounds check on the same body (``gateway/openai.py::check_shape``).
+Prints p50 / p99 per step.
 
     .venv/bin/python -m loadtest.bench_fingerprint [--iterations 500]
 """
@@ -13,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from gateway.openai import check_shape
 from policies.prefix import fingerprint, render, request_fingerprint
 from policies.routers import MinTTFT, SglangCacheAware
 from policies.types import BackendView, Fingerprint, Outcome, RequestFacts
@@ -93,6 +95,8 @@ def main() -> None:
             timed(lambda: request_fingerprint(body, TOKENS_PER_BYTE), args.iterations),
         )
     )
+
+    print(row("check_shape (depth, sizes, value count)", timed(lambda: check_shape(body), args.iterations)))
 
     # Routing over 8 backends x 8 DP ranks, with many conversations already indexed.
     backends = [BackendView(name=f"b{i}", kv_tokens=4_900_000, dp_size=8) for i in range(8)]
