@@ -164,4 +164,8 @@ def create_app(
 
 def app_from_env() -> Starlette:
     """Factory for ``--workers N``: each worker process rebuilds the app from the serialised config."""
-    return create_app(Config.model_validate_json(os.environ["CACHEGATE_CONFIG_JSON"]))
+    from gateway.serve import configure_logging  # serve imports this module
+
+    config = Config.model_validate_json(os.environ["CACHEGATE_CONFIG_JSON"])
+    configure_logging(config)
+    return create_app(config)

@@ -26,9 +26,15 @@ from gateway.metrics import prepare_multiprocess_dir
 log = logging.getLogger("cachegate")
 
 
-def run(config: Config) -> None:
+def configure_logging(config: Config) -> None:
+    """The log lines' layout and level; also run in each spawned worker (``app_from_env``), whose
+    root logger would otherwise print bare messages, without time, level or logger name."""
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request is noise
+
+
+def run(config: Config) -> None:
+    configure_logging(config)
     workers = config.worker_count()
     if workers > 1 and not config.redis_url:
         sys.exit(

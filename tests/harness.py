@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -39,9 +40,14 @@ def wait_http(
 
 
 class Running(str):
-    """A base URL that also knows the process serving it."""
+    """A base URL that also knows the process serving it, and what it has printed so far."""
 
     pid: int
+    log: IO[bytes]
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
 
 @contextlib.contextmanager
@@ -63,7 +69,7 @@ def run_gateway(
             start_new_session=True,
         )
         base = Running(f"http://127.0.0.1:{port}")
-        base.pid = proc.pid
+        base.pid, base.log = proc.pid, log
         try:
             wait_http(base + ready_path, proc=proc)
             yield base

@@ -4,6 +4,7 @@ workers, whichever worker answers the scrape, and survive a worker that dies."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from tests.harness import run_gateway
 
 REDIS_URL = os.environ.get("CACHEGATE_TEST_REDIS_WORKERS", "redis://127.0.0.1:6379/11")  # this file's own DB
 N = 24
+STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) cachegate[.\w]*: ")
 OPENMETRICS = "application/openmetrics-text; version=1.0.0,text/plain;version=0.0.4;q=0.5"
 
 
@@ -117,3 +119,8 @@ def test_two_workers_count_every_request(workers_redis: str, tmp_path: Path) -> 
             for _ in range(4):
                 r = httpx.get(base + "/metrics")
                 assert _requests_total(r.text, False) == N
+            # Each worker logs in the parent's layout (time, level, logger), not bare messages.
+            warned = [ln for ln in base.output().splitlines() if "no API keys configured" in ln]
+            assert len(warned) >= 2 and all(STAMPED.match(ln) for ln in warned), warned
+            access = [ln for ln in base.output().splitlines() if "cachegate.access: POST /v1/chat/completions" in ln]
+            assert len(access) == N and all(STAMPED.match(ln) for ln in access)
