@@ -26,6 +26,7 @@ from gateway.config import Config
 from gateway.errors import GatewayError, error_response
 from gateway.gcpause import quiet_gc
 from gateway.lifecycle import RequestPath
+from gateway.logsetup import configure_logging
 from gateway.messages_surface import MessagesSurface
 from gateway.metrics import Metrics
 from gateway.openai_surface import CHAT, COMPLETIONS
@@ -164,8 +165,6 @@ def create_app(
 
 def app_from_env() -> Starlette:
     """Factory for ``--workers N``: each worker process rebuilds the app from the serialised config."""
-    from gateway.serve import configure_logging  # serve imports this module
-
     config = Config.model_validate_json(os.environ["CACHEGATE_CONFIG_JSON"])
     configure_logging(config)
     return create_app(config)

@@ -21,16 +21,10 @@ from gateway.app import create_app
 from gateway.config import Config
 from gateway.gcpause import ENV as QUIET_GC
 from gateway.httpserver import ENV as LIMITS_ENV
+from gateway.logsetup import configure_logging
 from gateway.metrics import prepare_multiprocess_dir
 
 log = logging.getLogger("cachegate")
-
-
-def configure_logging(config: Config) -> None:
-    """The log lines' layout and level; also run in each spawned worker (``app_from_env``), whose
-    root logger would otherwise print bare messages, without time, level or logger name."""
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request is noise
 
 
 def run(config: Config) -> None:
