@@ -21,9 +21,9 @@ def sent(decisions: list) -> list[Dispatch]:
     return [d for d in decisions if isinstance(d, Dispatch)]
 
 
-def two_seats(lend_free: int) -> tuple[SeatedAdmission, dict[str, str]]:
+def seated(params: SeatParams) -> tuple[SeatedAdmission, dict[str, str]]:
     """One rank running at most 2 requests with 2 seats, both taken; returns the core and conv -> rid."""
-    c = SeatedAdmission(RoundRobin(), params=SeatParams(running_overbook=1.0, lend_free=lend_free))
+    c = SeatedAdmission(RoundRobin(), params=params)
     c.set_backends("m", [BackendView("b0", kv_tokens=10**9, max_running_requests=2)], 0.0)
     rids = {}
     for conv in ("c0", "c1"):
@@ -31,6 +31,10 @@ def two_seats(lend_free: int) -> tuple[SeatedAdmission, dict[str, str]]:
         assert len(sent(c.arrive(r, 0.0))) == 1
         rids[conv] = r.rid
     return c, rids
+
+
+def two_seats(lend_free: int) -> tuple[SeatedAdmission, dict[str, str]]:
+    return seated(SeatParams(running_overbook=1.0, lend_free=lend_free))
 
 
 def test_without_lending_a_waiter_waits_for_a_seat_while_a_running_slot_is_free() -> None:
@@ -57,15 +61,7 @@ def test_a_free_running_slot_is_lent_for_one_turn_at_most_lend_max_per_rank() ->
 
 def full_rank(rotate_by: str) -> tuple[SeatedAdmission, dict[str, str]]:
     """As ``two_seats`` with lending off and a 100 s quantum rotating by ``rotate_by``."""
-    params = SeatParams(running_overbook=1.0, quantum_s=100.0, min_hold_s=1.0, rotate_by=rotate_by)
-    c = SeatedAdmission(RoundRobin(), params=params)
-    c.set_backends("m", [BackendView("b0", kv_tokens=10**9, max_running_requests=2)], 0.0)
-    rids = {}
-    for conv in ("c0", "c1"):
-        r = turn(conv)
-        assert len(sent(c.arrive(r, 0.0))) == 1
-        rids[conv] = r.rid
-    return c, rids
+    return seated(SeatParams(running_overbook=1.0, quantum_s=100.0, min_hold_s=1.0, rotate_by=rotate_by))
 
 
 def test_rotate_by_lend_serves_a_waiter_past_the_quantum_on_a_free_slot_and_evicts_no_seat() -> None:
