@@ -289,7 +289,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.scope["extensions"] = {DIRECT: self}  # type: ignore[dict-item]
         self._reading_head = True
         self._header_count = 0
-        if self._due is None:  # a request on a kept-alive connection: its headers get the same time
+        if self._due is None or self._on_due == self._idle_timeout:
+            # a request on a kept-alive connection: its headers get the same time
             self._arm(self._lim.header_timeout_s, self._head_timeout)
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -317,3 +318,21 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_head = True  # what arrives next is the next request's head
         self._head_bytes = 0
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        # uvicorn's, but the keep-alive timeout on the connection's one lazy timer (``_arm``):
+        # uvicorn makes a timer per response and cancels it at the next request's first byte.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._arm(self.timeout_keep_alive, self._idle_timeout)
+
+    def _idle_timeout(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            self.timeout_keep_alive_handler()

@@ -6,15 +6,15 @@
     python -m loadtest.bench_relay --scaling --cpu-quota 0.4 [--rounds 2] [--short-seconds 8]
 
 Starts the synthetic SGLang-like upstream (loadtest/relay_upstream.py), the gateway (``--workers``
-processes; with ``--redis-url`` they share state), sglang-router (``round_robin``; ``--router-policy
-cache_aware`` for its default policy) if it is installed, and optionally a second gateway run from
-another checkout (``--baseline DIR``: before and after in one run). Then for each level of
-concurrent streams it runs the load generator (loadtest/relay_load.py, its own process) against each
-server in turn, and prints: streams completed, errors, CPU per relayed chunk (user+system of the
+processes; with ``--redis-url`` they share state), sglang-router if it is installed (one router per
+``--router-policy``: by default ``round_robin``, its cheapest, and ``cache_aware``, its default), and
+optionally a second gateway run from another checkout (``--baseline DIR``: before and after in one run).
+Then for each level of concurrent streams it runs the load generator (loadtest/relay_load.py, its own
+process) against each server in turn, and prints: streams completed, errors, CPU per relayed chunk (user+system of the
 server's process tree, from /proc, over the whole level including connection set-up), peak RSS,
-transit p50/p99 (upstream send → client receive, per chunk) and the ratio of CPU per chunk to the
+transit p50/p99 (upstream send → client receive, per chunk) and the ratio of CPU per chunk to each
 router's. ``--short-seconds`` adds a short-request mode: keep-alive clients sending non-streamed
-requests, CPU per 1,000.
+requests, CPU per 1,000, in ``--short-rounds`` rounds alternating the servers.
 ``--pin`` keeps each server (gateway workers, baseline, router) on the last ``--workers`` CPUs and
 the upstream and load generator on the others, so that on a small machine the harness does not
 take the server's core (one worker is one core); ``--repeat N`` runs each level N times against
@@ -213,7 +213,60 @@ def start_router(
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"]
     cmd += ["--prometheus-port", str(free_port())]  # not its default 29000: another router may hold it
     proc = stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/health", cpus=cpus))
-    return Target("sglang-router", port, proc.pid)
+    return Target(f"sglang-router {policy}", port, proc.pid)
+
+
+ROUTER_POLICIES = ("round_robin", "cache_aware")
+
+
+def _ratios(per: float, refs: list[float]) -> str:
+    """The ``× router`` cells of a row: ``per`` over each router's figure."""
+    return "".join(f" {per / ref:.2f} |" if ref else " - |" for ref in refs) or " - |"
+
+
+def short_mode(targets: list[Target], names: list[str], args: argparse.Namespace, harness: set[int] | None) -> None:
+    """Keep-alive clients sending non-streamed requests against each server, in ``--short-rounds``
+    rounds (each server ``--short-seconds`` / rounds a round, the order rotated), so that a drift of
+    the machine's state during the run falls on every server alike. CPU per 1,000 over all rounds;
+    the ratio to each router is of those totals, with the per-round ratios' range beside it."""
+    rounds = max(1, args.short_rounds)
+    seconds = args.short_seconds / rounds
+    pace = f"{args.short_rate:.0f} requests/s in all" if args.short_rate else "closed loop"
+    print(
+        f"\nshort requests: {args.short_connections} keep-alive connections, {pace}, {args.short_seconds:g} s "
+        f"against each server in {rounds} round(s), the order rotated\n"
+    )
+    load = ["short", "--connections", str(args.short_connections), "--seconds", f"{seconds:g}"]
+    load += ["--rate", str(args.short_rate)]
+    per_round: list[dict[str, dict[str, Any]]] = []
+    for k in range(rounds):
+        order = targets[k % len(targets) :] + targets[: k % len(targets)]
+        per_round.append({t.name: measure(t, load, harness) for t in order})
+
+    def per_1000(rows: list[dict[str, Any]]) -> float:
+        return sum(r["cpu_s"] for r in rows) / max(1, sum(r["completed"] for r in rows)) * 1000
+
+    heads = "".join(f" × {n.removeprefix('sglang-router ')} (rounds) |" for n in names) or " × router |"
+    print(f"| server | requests | errors | req/s | CPU s | CPU s per 1,000 |{heads}")
+    print("|---|---|---|---|---|---|" + "---|" * max(1, len(names)))
+    for t in targets:
+        rows = [rnd[t.name] for rnd in per_round]
+        errors: dict[str, int] = {}
+        for r in rows:
+            for kind, n in r["errors"].items():
+                errors[kind] = errors.get(kind, 0) + n
+        mine = per_1000(rows)
+        cells = ""
+        for n in names:
+            ref = per_1000([rnd[n] for rnd in per_round])
+            each = [per_1000([rnd[t.name]]) / max(1e-9, per_1000([rnd[n]])) for rnd in per_round]
+            cells += f" {mine / ref:.2f} ({min(each):.2f}-{max(each):.2f}) |" if ref else " - |"
+        completed = sum(r["completed"] for r in rows)
+        print(
+            f"| {t.name} | {completed} | {_fmt_errors(errors)} | {completed / sum(r['wall_s'] for r in rows):.0f} | "
+            f"{sum(r['cpu_s'] for r in rows):.1f} | {mine:.2f} |{cells or ' - |'}",
+            flush=True,
+        )
 
 
 def _fmt_errors(errors: dict[str, int]) -> str:
@@ -248,9 +301,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs per level against the same servers")
     parser.add_argument(
         "--router-policy",
-        choices=("round_robin", "cache_aware"),
-        default="round_robin",
-        help="sglang-router's policy: round_robin (its cheapest) or cache_aware (its default: a prefix tree)",
+        default="round_robin,cache_aware",
+        help="sglang-router's policies, one router each, comma-separated: round_robin (its cheapest) and "
+        "cache_aware (its default, a prefix tree per request like cachegate's routing)",
+    )
+    parser.add_argument(
+        "--short-rounds",
+        type=int,
+        default=3,
+        help="short mode: rounds of --short-seconds / rounds against each server, the order rotated each round",
     )
     parser.add_argument(
         "--set",
@@ -260,6 +319,9 @@ def main(argv: list[str] | None = None) -> None:
         help="override the (branch) gateway's config, e.g. overload.max_lag_ms=500 (repeatable)",
     )
     args = parser.parse_args(argv)
+    policies = [p for p in args.router_policy.split(",") if p]
+    if any(p not in ROUTER_POLICIES for p in policies):
+        parser.error(f"--router-policy: each of {', '.join(ROUTER_POLICIES)}")
     servers = harness = None
     if args.pin:
         cpus = sorted(os.sched_getaffinity(0))
@@ -289,22 +351,24 @@ def main(argv: list[str] | None = None) -> None:
             ready = f"http://127.0.0.1:{port}/readyz"
             proc = stack.enter_context(process(cmd, ready, cwd=src, log=log, cpus=servers))
             targets.append(Target(name, port, proc.pid))
-        router = None if args.no_router else start_router(stack, upstream, servers, args.router_policy)
-        if router is not None:
-            targets.append(router)
+        routers = [] if args.no_router else [start_router(stack, upstream, servers, p) for p in policies]
+        targets += [r for r in routers if r is not None]
+        names = [t.name for t in targets if t.name.startswith("sglang-router")]
         print(
             f"upstream: one chunk every {args.interval * 1000:.0f} ms, {args.tokens} chunks per stream; "
             f"gateway: {args.workers} worker(s), policy {args.policy}"
-            f"{'' if args.no_router else f'; sglang-router policy {args.router_policy}'}"
+            f"{'' if not names else '; ' + ', '.join(names)}"
             f"{', Redis ' + args.redis_url if args.redis_url else ', no Redis'}; load generator: its own process"
             + (f"; servers on CPU {sorted(servers)}, harness on {sorted(harness or ())}" if servers else "")
             + "\n"
         )
+        ratio_heads = "".join(f" × {n.removeprefix('sglang-router ')} |" for n in names) or " × router |"
+        ratio_rule = "---|" * max(1, len(names))
         print(
-            "| streams | server | completed | errors | CPU s | CPU/chunk µs | × router | RSS MB | "
+            f"| streams | server | completed | errors | CPU s | CPU/chunk µs |{ratio_heads} RSS MB | "
             "transit p50 ms | transit p99 ms |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print(f"|---|---|---|---|---|---|{ratio_rule}---|---|---|")
         levels = [int(s) for s in args.streams.split(",")]
         for level in (n for n in levels for _ in range(args.repeat)):
             ramp = args.ramp or max(0.5, level / 1000)
@@ -330,54 +394,17 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 for t in targets
             ]
-            router = next((r for t, r in rows if t.name == "sglang-router"), None)
-            ref = router["cpu_s"] / max(1, router["chunks"]) if router else None
+            refs = [r["cpu_s"] / max(1, r["chunks"]) for t, r in rows if t.name in names]
             for t, r in rows:
                 per = r["cpu_s"] / max(1, r["chunks"])
-                ratio = f"{per / ref:.2f}" if ref else "-"
                 print(
                     f"| {level} | {t.name} | {r['completed']} | {_fmt_errors(r['errors'])} | {r['cpu_s']:.1f} | "
-                    f"{per * 1e6:.1f} | {ratio} | {r['rss_mb']:.0f} | {r['transit_p50_ms']} | "
+                    f"{per * 1e6:.1f} |{_ratios(per, refs)} {r['rss_mb']:.0f} | {r['transit_p50_ms']} | "
                     f"{r['transit_p99_ms']} |",
                     flush=True,
                 )
         if args.short_seconds:
-            pace = f"{args.short_rate:.0f} requests/s in all" if args.short_rate else "closed loop"
-            print(
-                f"\nshort requests: {args.short_connections} keep-alive connections, {pace}, "
-                f"{args.short_seconds:.0f} s each\n"
-            )
-            print("| server | requests | errors | req/s | CPU s | CPU s per 1,000 | × router |")
-            print("|---|---|---|---|---|---|---|")
-            rows = [
-                (
-                    t,
-                    measure(
-                        t,
-                        [
-                            "short",
-                            "--connections",
-                            str(args.short_connections),
-                            "--seconds",
-                            str(args.short_seconds),
-                            "--rate",
-                            str(args.short_rate),
-                        ],
-                        harness,
-                    ),
-                )
-                for t in targets
-            ]
-            router = next((r for t, r in rows if t.name == "sglang-router"), None)
-            ref = router["cpu_s"] / max(1, router["completed"]) if router else None
-            for t, r in rows:
-                per = r["cpu_s"] / max(1, r["completed"])
-                ratio = f"{per / ref:.2f}" if ref else "-"
-                print(
-                    f"| {t.name} | {r['completed']} | {_fmt_errors(r['errors'])} | "
-                    f"{r['completed'] / r['wall_s']:.0f} | {r['cpu_s']:.1f} | {per * 1000:.2f} | {ratio} |",
-                    flush=True,
-                )
+            short_mode(targets, names, args, harness)
 
 
 if __name__ == "__main__":

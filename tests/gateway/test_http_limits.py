@@ -24,7 +24,8 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
         config = Path(tmp_path_factory.mktemp("cfg")) / "cachegate.yaml"
         config.write_text(
             f'models:\n  m: {{upstream_model: moonshotai/Kimi-K2-Instruct, backends: [{{url: "{twin}"}}]}}\n'
-            "server: {header_timeout_s: 1.5, body_idle_timeout_s: 1.5, max_header_bytes: 8192, max_headers: 50}\n"
+            "server: {header_timeout_s: 1.5, body_idle_timeout_s: 1.5, max_header_bytes: 8192, max_headers: 50,"
+            " keep_alive_s: 2}\n"
             f"endpoints: {{require_key: true, metrics_port: {metrics_port}}}\n"
             "health: {interval_s: 0.5}\n"
         )
@@ -63,6 +64,31 @@ def test_unfinished_headers_get_408_and_the_connection_closes(gw: tuple[str, int
     assert _json_error(answer)["code"] == "request_timeout"
     answer, took = _raw(gw[0], b"")  # connects and says nothing
     assert answer.startswith(b"HTTP/1.1 408") and took < 5.0
+
+
+def test_keep_alive_idle_timeout_and_the_next_requests_header_timeout(gw: tuple[str, int]) -> None:
+    """One timer per connection serves the keep-alive timeout too (``on_response_complete``): an idle
+    kept-alive connection closes after ``keep_alive_s``, a request within it is served, and that
+    request's unfinished headers still get the header timeout (not the keep-alive's)."""
+    port = int(gw[0].rsplit(":", 1)[1])
+    get = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(8)
+        s.sendall(get)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(1.0)  # within keep_alive_s: the connection is still served
+        s.sendall(get)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        t0 = time.monotonic()
+        assert s.recv(65536) == b"" and 1.6 < time.monotonic() - t0 < 4.0  # idle: closed after ~2 s
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(8)
+        s.sendall(get)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        s.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")  # the next request's headers never finish
+        t0 = time.monotonic()
+        answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408") and 1.2 < time.monotonic() - t0 < 1.9, answer[:60]
 
 
 def test_header_size_and_count_limits(gw: tuple[str, int]) -> None:
