@@ -9,12 +9,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.aio import cancel_and_wait
 from gateway.state import MemoryState, RedisState
 from policies.core import DecisionCore
 from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts
+
+
+class Waiting(Protocol):
+    """What ``admit`` counts a waiting request on (a labelled Prometheus gauge)."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+    def dec(self, amount: float = 1) -> None: ...
 
 
 class Refused(Exception):
@@ -65,37 +73,50 @@ class Dispatcher:
     def set_backends(self, model: str, views: Sequence[BackendView]) -> None:
         self._apply(self.core.set_backends(model, views, self.clock()))
 
-    async def admit(self, facts: RequestFacts) -> Dispatch:
-        """Wait until the core dispatches this request; raise ``Refused`` if it refuses it."""
+    async def admit(self, facts: RequestFacts, queued: Waiting | None = None) -> Dispatch:
+        """Wait until the core dispatches this request; raise ``Refused`` if it refuses it.
+        ``queued`` (a gauge) counts it while it waits; a request dispatched at once never waits
+        (nothing could see it counted: a scrape runs between the loop's steps)."""
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[Decision] = loop.create_future()
         self._waiting[facts.rid] = future
         self._apply(self.core.arrive(facts, self.clock()))
-        while True:
-            try:
-                decision = await future
-            except asyncio.CancelledError:
-                if self._waiting.pop(facts.rid, None) is not None:
-                    self._apply(self.core.cancel(facts.rid, self.clock()))
-                elif future.done() and not future.cancelled() and isinstance(future.result(), Dispatch):
-                    # Dispatched in the same instant the client left: give the seat back.
-                    self.release(facts.rid, Outcome(ok=False, reached_backend=False))
-                raise
-            if isinstance(decision, Refuse):
-                raise Refused(decision)
-            if not self._leases:
-                return decision
-            self.leasing[facts.rid] = facts.team
-            try:
-                leased = await self._lease(facts)
-            finally:
-                self.leasing.pop(facts.rid, None)
-            if leased:
-                return decision
-            # Another replica holds the team's leases: wait again, woken by a release anywhere.
-            future = loop.create_future()
-            self._waiting[facts.rid] = future
-            self._apply(self.core.requeue(facts.rid, self.clock()))
+        counted = False
+        try:
+            while True:
+                if queued is not None and not counted and not future.done():
+                    queued.inc()
+                    counted = True
+                try:
+                    decision = await future
+                except asyncio.CancelledError:
+                    if self._waiting.pop(facts.rid, None) is not None:
+                        self._apply(self.core.cancel(facts.rid, self.clock()))
+                    elif future.done() and not future.cancelled() and isinstance(future.result(), Dispatch):
+                        # Dispatched in the same instant the client left: give the seat back.
+                        self.release(facts.rid, Outcome(ok=False, reached_backend=False))
+                    raise
+                if isinstance(decision, Refuse):
+                    raise Refused(decision)
+                if not self._leases:
+                    return decision
+                if queued is not None and not counted:
+                    queued.inc()  # the team lease is a Redis round trip away
+                    counted = True
+                self.leasing[facts.rid] = facts.team
+                try:
+                    leased = await self._lease(facts)
+                finally:
+                    self.leasing.pop(facts.rid, None)
+                if leased:
+                    return decision
+                # Another replica holds the team's leases: wait again, woken by a release anywhere.
+                future = loop.create_future()
+                self._waiting[facts.rid] = future
+                self._apply(self.core.requeue(facts.rid, self.clock()))
+        finally:
+            if counted:
+                queued.dec()  # type: ignore[union-attr]
 
     async def _lease(self, facts: RequestFacts) -> bool:
         team = self.core.team(facts.team, self.clock())

@@ -230,20 +230,15 @@ class RequestPath:
         )
         trace = current_trace()
         trace.facts(facts.prompt_tokens)
-        queued = m.queued.labels(team)
-        queued.inc()
         trace.admission_started()
-        held = HeldOpen(
-            send,
-            self.surface,
-            rid,
-            gw.config.queue_open_after_s if req.stream else 0.0,
-            gw.config.upstream.sse_keepalive_s,
-        )
-        held.start()
-        send = held.send
+        # Only a stream can be held open while it waits; for anything else HeldOpen passes through.
+        after_s = gw.config.queue_open_after_s if req.stream else 0.0
+        held = HeldOpen(send, self.surface, rid, after_s, gw.config.upstream.sse_keepalive_s) if after_s > 0 else None
+        if held is not None:
+            held.start()
+            send = held.send
         try:
-            decision = await gw.dispatcher.admit(facts)
+            decision = await gw.dispatcher.admit(facts, m.queued.labels(team))
         except Refused as refused:
             r = refused.refusal
             m.refusals.labels(team, r.code).inc()
@@ -255,10 +250,10 @@ class RequestPath:
             await self._reply_error(send, GatewayError(r.status, r.message, r.code, headers=retry), rid)
             return
         finally:
-            await held.stop()
-            if not held.opened:
-                send = held.inner  # nothing to rewrite: one wrapper less per relayed chunk
-            queued.dec()
+            if held is not None:
+                await held.stop()
+                if not held.opened:
+                    send = held.inner  # nothing to rewrite: one wrapper less per relayed chunk
             waited = time.monotonic() - arrived
             record.queue_wait_s = waited
             m.queue_wait.labels(team, alias).observe(waited, trace.exemplar())

@@ -78,6 +78,48 @@ async def test_a_waiting_request_goes_when_another_of_its_team_finishes(clock: C
         assert core.teams["t"].inflight == 1
 
 
+class Gauge:
+    """A gauge child's ``inc``/``dec``, recorded."""
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.moves: list[float] = []
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+        self.moves.append(amount)
+
+    def dec(self, amount: float = 1) -> None:
+        self.inc(-amount)
+
+
+async def test_the_queued_gauge_counts_a_request_only_while_it_waits(clock: Clock) -> None:
+    core = seated(t=TeamLimits(max_concurrency=1, max_queue=4, queue_timeout_s=5))
+    async with _dispatcher(core, clock) as d:
+        at_once = Gauge()
+        await d.admit(facts("r1"), at_once)
+        assert at_once.moves == [], "dispatched at once: never counted"
+        waits = Gauge()
+        second = asyncio.create_task(d.admit(facts("r2"), waits))
+        await _settle()
+        assert waits.value == 1
+        d.release("r1", Outcome(prompt_tokens=1000, completion_tokens=10))
+        await asyncio.wait_for(second, 1)
+        assert waits.value == 0 and waits.moves == [1, -1]
+        for end in ("cancel", "timeout"):  # every way out of the wait takes the count back
+            gauge = Gauge()
+            waiting = asyncio.create_task(d.admit(facts(f"r-{end}"), gauge))
+            await _settle()
+            assert gauge.value == 1
+            if end == "cancel":
+                waiting.cancel()
+            else:
+                clock.now += 6.0
+            with pytest.raises((asyncio.CancelledError, Refused)):
+                await asyncio.wait_for(waiting, 1)
+            assert gauge.value == 0, end
+
+
 async def test_a_refusal_is_raised_with_its_code(clock: Clock) -> None:
     core = seated(t=TeamLimits(max_concurrency=0, max_queue=0))
     async with _dispatcher(core, clock) as d:
