@@ -17,7 +17,9 @@ before the response was complete), so the request path needs no task per request
 ``receive()``. It also lends the client's connection to the SSE relay (``DIRECT`` in the request scope's
 ``extensions``, ``direct_transport``): once a streamed response's headers went out through ASGI,
 the relay writes its chunk frames to the transport itself, with the connection's write flow control
-reported to it (``on_writable``), instead of one ASGI ``send`` per chunk (gateway/relay.py).
+reported to it (``on_writable``), instead of one ASGI ``send`` per chunk (gateway/relay.py); and a
+whole (non-streamed) response is written head and body at once (``respond``) instead of through
+uvicorn's two ``send`` calls.
 
 Every refusal here is a complete JSON error (never the text/plain 400 of uvicorn). The settings
 reach every worker process through ``CACHEGATE_SERVER_LIMITS`` (JSON), set by ``gateway/serve.py``.
@@ -34,7 +36,7 @@ import httptools
 import orjson
 from uvicorn.logging import TRACE_LOG_LEVEL
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
 from gateway.errors import error_body
@@ -158,6 +160,40 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         ):
             return None
         return self.transport
+
+    def respond(self, scope: object, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Write the whole response of the request of ``scope`` (head, ``content-length`` and body) in
+        one write, as uvicorn's ``send`` would in two calls, and complete its cycle; False (nothing
+        done: use ``send``) unless that response is not started and the connection can take it now."""
+        cycle = self.cycle
+        if (
+            cycle is None
+            or cycle.scope is not scope  # a pipelined request's cycle, not this one's
+            or cycle.response_started
+            or cycle.disconnected
+            or cycle.access_log
+            or self.flow.write_paused
+            or cycle.scope["method"] == "HEAD"
+        ):
+            return False
+        parts = [STATUS_LINE[status]]
+        for name, value in (*cycle.default_headers, *headers):
+            if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
+                return False  # uvicorn's send raises on it: let it
+            parts += (name.lower(), b": ", value, b"\r\n")
+        parts.append(b"content-length: %d\r\n" % len(body))
+        if not cycle.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts += (b"\r\n", body)
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        self._out.write(b"".join(parts))
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
+        return True
 
     def writing_paused(self) -> bool:
         return self.flow.write_paused

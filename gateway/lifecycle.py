@@ -89,6 +89,37 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
+class _Tracked:
+    """The request's ``send``: notes the status the client got (for the access log) and when the
+    response is complete (the client leaving after that is not a client leaving). On our server it
+    is also a ``WholeSend``: a whole response goes out in one write (``LimitedHttpToolsProtocol.respond``)."""
+
+    __slots__ = ("_client", "_record", "_scope", "_send", "complete")
+
+    def __init__(self, send: Send, record: AccessRecord, client: LimitedHttpToolsProtocol | None, scope: Scope) -> None:
+        self._send = send
+        self._record = record
+        self._client = client
+        self._scope = scope
+        self.complete = False
+
+    async def __call__(self, message: Message) -> None:
+        await self._send(message)
+        if message["type"] == "http.response.body":
+            if not message.get("more_body", False):
+                self.complete = True
+        elif message["type"] == "http.response.start" and not self._record.status:
+            self._record.status = int(message["status"])
+
+    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        if self._client is None or not self._client.respond(self._scope, status, headers, body):
+            return False
+        self.complete = True
+        if not self._record.status:
+            self._record.status = status
+        return True
+
+
 class RequestPath:
     """``POST surface.path`` as a raw ASGI app (see the module docstring)."""
 
@@ -162,16 +193,7 @@ class RequestPath:
             await self._reply_error(send, err, rid)
             return
         bind(trace)  # the tasks below inherit it (current_trace())
-        complete = False
-
-        async def send_tracked(message: Message) -> None:
-            nonlocal complete
-            await send(message)
-            if message["type"] == "http.response.body":
-                if not message.get("more_body", False):
-                    complete = True
-            elif message["type"] == "http.response.start" and not record.status:
-                record.status = int(message["status"])  # the status the client got, for the access log
+        tracked = _Tracked(send, record, lent, scope)
 
         # The work runs in this task; it is cancelled if the client leaves. On our server the
         # connection says so when it closes (no task per request); elsewhere one watcher task waits
@@ -184,7 +206,7 @@ class RequestPath:
 
         def left() -> None:
             nonlocal client_left
-            if not complete:
+            if not tracked.complete:
                 client_left = True
                 task.cancel()
 
@@ -198,7 +220,7 @@ class RequestPath:
         elif not lent.watch_lost(left):
             left()
         try:
-            await self._serve(rid, team, req, arrived, send_tracked, record)
+            await self._serve(rid, team, req, arrived, tracked, record)
         except asyncio.CancelledError:
             if not client_left:
                 raise

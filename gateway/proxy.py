@@ -12,11 +12,11 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
-from starlette.types import Send
+from starlette.types import Message, Send
 
 from gateway.wire import SILENCE, WireResponse
 
@@ -142,9 +142,23 @@ async def read_body(response: WireResponse, limit: int = 64 * 1024 * 1024) -> by
 async def send_bytes(
     send: Send, status: int, body: bytes, content_type: bytes, extra_headers: list[tuple[bytes, bytes]]
 ) -> None:
+    """A whole response: in one write when ``send`` can (a ``WholeSend``), else two ASGI messages."""
+    whole = getattr(send, "whole", None)
+    if whole is not None and whole(status, [(b"content-type", content_type), *extra_headers], body):
+        return
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra_headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class WholeSend(Protocol):
+    """An ASGI ``send`` that can also write a whole response at once (``gateway/lifecycle.py``)."""
+
+    async def __call__(self, message: Message) -> None: ...
+
+    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Head (plus ``content-length``) and ``body`` sent; False if not possible now (use the messages)."""
+        ...
 
 
 def read_usage(body: bytes, result: Result) -> None:

@@ -122,6 +122,57 @@ def test_auth_edges(gw: tuple[str, int]) -> None:
     assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
 
 
+def _responses(s: socket.socket, n: int) -> list[tuple[int, dict[bytes, bytes], bytes]]:
+    """Read ``n`` content-length responses off a connection: (status, headers, body) each."""
+    buf, out = b"", []
+    while len(out) < n:
+        while b"\r\n\r\n" not in buf:
+            buf += s.recv(65536)
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        lines = head.split(b"\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(b":") for ln in lines[1:])}
+        size = int(headers[b"content-length"])
+        while len(buf) < size:
+            buf += s.recv(65536)
+        out.append((int(lines[0].split()[1]), headers, buf[:size]))
+        buf = buf[size:]
+    return out
+
+
+def test_a_whole_response_written_at_once_is_a_complete_http_response(gw: tuple[str, int]) -> None:
+    """A non-streamed answer leaves in one write (``LimitedHttpToolsProtocol.respond``): it carries
+    the headers uvicorn's ``send`` would give it, the connection then serves the next request (or a
+    pipelined pair, the first of which goes through ``send``: the connection's cycle is the second's)
+    and closes after ``keep_alive_s`` idle, and ``connection: close`` is honoured."""
+    port = int(gw[0].rsplit(":", 1)[1])
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\napi-key: key-a\r\ncontent-length: %d\r\n"
+    post = head % len(raw) + b"\r\n" + raw
+    unknown = raw.replace(b'"m"', b'"nope"')  # refused before the path wraps send: uvicorn's send
+    answers = []
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(10)
+        for data, n in ((post, 1), (head % len(unknown) + b"\r\n" + unknown, 1), (post * 2, 2), (post, 1)):
+            s.sendall(data)
+            answers += _responses(s, n)
+        t0 = time.monotonic()
+        assert s.recv(65536) == b"" and 1.6 < time.monotonic() - t0 < 4.0, "keep-alive timeout after it"
+    assert [status for status, _, _ in answers] == [200, 404, 200, 200, 200], answers
+    ok, refused = answers[0][1], answers[1][1]
+    for name in (b"date", b"server", b"content-type", b"content-length", b"x-request-id"):
+        assert name in ok and name in refused, (name, ok, refused)
+    assert ok[b"content-type"] == b"application/json" and ok[b"x-request-id"].startswith(b"cg-")
+    assert len({h[b"x-request-id"] for _, h, _ in answers}) == 5
+    for _, _, body in (answers[0], *answers[2:]):
+        assert orjson.loads(body)["object"] == "chat.completion"
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(10)
+        s.sendall(head % len(raw) + b"connection: close\r\n\r\n" + raw)
+        [(status, headers, body)] = _responses(s, 1)
+        assert status == 200 and headers[b"connection"] == b"close"
+        assert s.recv(65536) == b"", "closed after the response"
+
+
 def test_closed_endpoints_and_the_metrics_port(gw: tuple[str, int]) -> None:
     url, metrics_port = gw
     assert httpx.get(url + "/v1/models").status_code == 401
