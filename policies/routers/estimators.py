@@ -90,12 +90,18 @@ class CommonBlocks:
                 move(key)
         while len(nxt) > self.max_blocks:
             nxt.popitem(last=False)
-        self._recent.append(keys)
+        recent = self._recent
+        if recent and len(recent) >= self.window and recent[0] == keys:
+            # The same blocks leave the window as enter it (a repeated prompt): the counts stay.
+            recent.append(keys)
+            recent.popleft()
+            return
+        recent.append(keys)
         count = counts.get
         for k in keys:
             counts[k] = count(k, 0) + 1
-        if len(self._recent) > self.window:
-            for k in self._recent.popleft():
+        if len(recent) > self.window:
+            for k in recent.popleft():
                 left = counts[k] - 1
                 if left:
                     counts[k] = left
