@@ -281,13 +281,16 @@ class MinTTFT(Router):
     def matched_tokens(self, req: RequestFacts, backend: str, rank: int | None) -> int:
         """Tokens of ``req`` that ``backend`` (rank) probably holds, by this router's index."""
         fp = req.fingerprint
-        return self.index.matched_tokens((backend, rank), fp, self._cum(fp))
+        last, cum = self._cum_of
+        return self.index.matched_tokens((backend, rank), fp, cum if fp is last else self._cum(fp))
 
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
         backend = decision.backend
         slot = (backend, decision.rank)  # slot_of(decision)
         rid, fp = req.rid, req.fingerprint
-        cum = self._cum(fp)
+        last, cum = self._cum_of
+        if fp is not last:  # else self._cum(fp) would give cum again
+            cum = self._cum(fp)
         prompt = max(req.prompt_tokens, cum[-1])
         cached = self.index.matched_tokens(slot, fp, cum)
         p = self.model.seconds(prompt - cached, cached) / self.speed.get(backend, 1.0)  # _prefill
