@@ -16,7 +16,7 @@ from policies.admission.records import ModelViews, Running, Seat, Waiter, conver
 from policies.core import DecisionCore, Hook
 from policies.routing import Router
 from policies.teams import UNLIMITED, TeamLimits, TeamState, teams_from_config
-from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts, Slot
+from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts, Slot, new_dispatch
 
 
 class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
@@ -307,7 +307,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         team.inflight += 1
         team.dispatched(now)
         self.running[req.rid] = Running(w, slot, charged, lent)
-        decision = Dispatch(req.rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
+        decision = new_dispatch(req.rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
         self.router.dispatched(req, decision, now)
         return decision
 
