@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from policies.prefix_index import PrefixIndex, cumulative_tokens
-from policies.routers.base import Inflight, Rendezvous, make_dispatch, slot_label, slots_of, stable_hash
+from policies.routers.base import Rendezvous, make_dispatch, slot_label, slots_of, stable_hash
 from policies.routers.estimators import CommonBlocks as CommonBlocks
 from policies.routers.estimators import Footprint, RecentMax
 from policies.routers.estimators import PrefillModel as PrefillModel
@@ -27,6 +27,8 @@ class _SlotState:
     pending_s: float = 0.0
     pending: set[str] = field(default_factory=set)
     """Requests dispatched here that have no first token yet."""
+    inflight: int = 0
+    """Requests dispatched here that have not finished (``base.Inflight.count``, kept with the entries)."""
 
 
 @dataclass(slots=True)
@@ -135,7 +137,6 @@ class MinTTFT(Router):
         self.speed: dict[str, float] = {}
         self._rng = random.Random(seed)
         self._rendezvous = Rendezvous()
-        self._inflight = Inflight()
         self._slots: dict[Slot, _SlotState] = {}
         self._entries: dict[str, _Entry] = {}
         self._inflight_recent: dict[str, RecentMax] = {}
@@ -207,7 +208,7 @@ class MinTTFT(Router):
             wait = (max(0.0, st.busy_until - now) if st else 0.0) + extra_wait
             c = self.index.matched_tokens(slot, fp, cum)
             p = self._prefill(view.name, prompt, c)
-            n.append(self._inflight.count(slot) + extra_n)
+            n.append((st.inflight if st else 0) + extra_n)
             matched.append(c)
             prefill.append(p)
             waits.append(wait)
@@ -306,8 +307,12 @@ class MinTTFT(Router):
         recent.set(recent.value + 1, now)
         recent = st.inflight_recent
         recent.set(recent.value + 1, now)
-        self._entries[rid] = _Entry(slot, fp, prompt, cached, p, start - now, now, st)
-        self._inflight.add(rid, slot)
+        entries = self._entries
+        old = entries.get(rid)
+        if old is not None:  # dispatched again before it finished: it counts where it went last
+            old.state.inflight -= 1
+        st.inflight += 1
+        entries[rid] = _Entry(slot, fp, prompt, cached, p, start - now, now, st)
         common = self.common
         self.footprint.touch(slot, self._key(fp, common.prefix_blocks(fp), req), prompt, now)
         self.index.insert(slot, fp)
@@ -335,9 +340,9 @@ class MinTTFT(Router):
 
     def finished(self, rid: str, backend: str, outcome: Outcome, now: float) -> None:
         e = self._entries.pop(rid, None)
-        self._inflight.remove(rid)
         if e is None:
             return
+        e.state.inflight -= 1
         recent = e.state.inflight_recent
         recent.set(recent.value - 1, now)
         if e.ttft is None:  # else its first token ended its prefill already
