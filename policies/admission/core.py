@@ -289,9 +289,9 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             seat = Seat(w.key, req.model, slot, req.team, 0, now, now, one_shot=w.one_shot or lent)
             self.seats[w.key] = seat
             self.seat_counts[slot] = self.seat_counts.get(slot, 0) + 1
-        held, tokens = seat.tokens, max(seat.tokens, w.need)  # self._reserve(seat, tokens), inline
+        held, need = seat.tokens, w.need  # self._reserve(seat, max(held, need)), without the calls:
+        tokens = seat.tokens = need if need > held else held
         self.reserved[slot] = self.reserved.get(slot, 0) - held + tokens
-        seat.tokens = tokens
         seat.busy += 1
         seat.last_active = now
         fp = req.fingerprint

@@ -29,7 +29,7 @@ class PrefillModel:
     k_attn: float = 6.25e-10
 
     def seconds(self, uncached: int, cached: int) -> float:
-        u = uncached if uncached > 0 else 0  # max(0, uncached), without the call
+        u = uncached if uncached > 0 else 0  # max(0, uncached) without the call (max's own comparison)
         return self.t0 + u / self.rate + self.k_attn * u * (cached + u / 2)
 
 

@@ -292,14 +292,15 @@ class MinTTFT(Router):
         last, cum = self._cum_of
         if fp is not last:  # else self._cum(fp) would give cum again
             cum = self._cum(fp)
-        prompt = max(req.prompt_tokens, cum[-1])
+        prompt, held = req.prompt_tokens, cum[-1]
+        prompt = held if held > prompt else prompt  # max(prompt_tokens, cum[-1]) without the call
         cached = self.index.matched_tokens(slot, fp, cum)
         p = self.model.seconds(prompt - cached, cached) / self.speed.get(backend, 1.0)  # _prefill
         st = self._slots.get(slot)
         if st is None:
             st = self._state(slot)
         busy = st.busy_until
-        start = busy if busy >= now else now  # max(busy_until, now)
+        start = now if now > busy else busy  # max(busy, now) without the call (max's own comparison)
         st.busy_until = start + p
         st.pending_s += p
         st.pending.add(rid)
@@ -325,7 +326,8 @@ class MinTTFT(Router):
         if rid not in pending:
             return
         pending.discard(rid)
-        st.pending_s = max(0.0, st.pending_s - e.prefill_s) if pending else 0.0
+        left = st.pending_s - e.prefill_s
+        st.pending_s = (left if left > 0.0 else 0.0) if pending else 0.0  # max(0.0, left) without the call
         # What is still queued starts now (the engine prefills one batch after another).
         st.busy_until = now + st.pending_s
         recent = st.pending_recent
