@@ -70,7 +70,12 @@ class CommonBlocks:
     def prefix_blocks(self, fp: Fingerprint) -> int:
         """How many leading blocks of ``fp`` are common (1 + the index of its deepest common block)."""
         last = self._last
-        if last is not None and last[0] == fp and last[1] == self.scan_blocks and last[2] == self.frac:
+        if (
+            last is not None
+            and (last[0] is fp or last[0] == fp)  # ``is`` first: == walks every block even of the same tuple
+            and last[1] == self.scan_blocks
+            and last[2] == self.frac
+        ):
             return last[3]
         nxt, counts = self._next, self._counts
         threshold = self.frac * len(self._recent)
