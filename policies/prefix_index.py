@@ -32,12 +32,16 @@ class BlockLRU:
     Parameters: ``capacity_tokens`` (the engine's ``max_total_num_tokens`` for this rank).
     """
 
-    __slots__ = ("_blocks", "capacity", "tokens")
+    __slots__ = ("_blocks", "_last", "capacity", "tokens")
 
     def __init__(self, capacity_tokens: int = DEFAULT_CAPACITY_TOKENS) -> None:
         self._blocks: OrderedDict[int, int] = OrderedDict()
         self.capacity = max(1, capacity_tokens)
         self.tokens = 0
+        self._last: tuple[Fingerprint | None, int] = (None, 0)
+        """The last ``matched_blocks`` answer and its fingerprint (admission, ``route`` and ``dispatched``
+        ask for the same request's one after another). A match depends only on which blocks are held,
+        so it holds until a block is added or evicted; identity: the same tuple, so the same blocks."""
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -56,9 +60,11 @@ class BlockLRU:
             else:
                 blocks[key] = n
                 added += n
-        self.tokens += added
-        if self.tokens > self.capacity:
-            self._evict()
+        if added:  # else the same blocks are held, only their order changed
+            self._last = (None, 0)
+            self.tokens += added
+            if self.tokens > self.capacity:
+                self._evict()
 
     def resize(self, capacity_tokens: int) -> None:
         self.capacity = max(1, capacity_tokens)
@@ -69,9 +75,13 @@ class BlockLRU:
         while self.tokens > self.capacity and blocks:
             _, n = blocks.popitem(last=False)
             self.tokens -= n
+            self._last = (None, 0)
 
     def matched_blocks(self, fp: Fingerprint) -> int:
         """How many leading blocks of ``fp`` are held (binary search; held blocks form a prefix)."""
+        last, matched = self._last
+        if fp is last:
+            return matched
         blocks = self._blocks
         lo, hi = 0, len(fp)
         while lo < hi:
@@ -80,6 +90,7 @@ class BlockLRU:
                 lo = mid
             else:
                 hi = mid - 1
+        self._last = (fp, lo)
         return lo
 
 
@@ -125,7 +136,9 @@ class PrefixIndex:
         lru = self._slots.get(slot)
         if lru is None or not fp:
             return 0
-        blocks = lru.matched_blocks(fp)
+        last, blocks = lru._last
+        if fp is not last:  # else lru.matched_blocks(fp) would give its last answer again
+            blocks = lru.matched_blocks(fp)
         if cum is not None:
             return cum[blocks]
         return sum(map(_TOKENS, fp[:blocks]))

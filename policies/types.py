@@ -68,6 +68,31 @@ class Dispatch:
     """Tokens of the prompt the router believes the chosen backend (rank) holds; None: unknown."""
 
 
+def new_dispatch(
+    rid: str, backend: str, rank: int | None, reason: str, scores: dict[str, float], matched_tokens: int | None
+) -> Dispatch:
+    """``Dispatch(rid, backend, rank, reason, scores, matched_tokens)``, built in half the time: the
+    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` (about 1 µs here,
+    once per request); this sets its slots directly. The same object (``Dispatch`` has no
+    ``__post_init__``; the import checks its fields)."""
+    d = _new_object(Dispatch)
+    _set_rid(d, rid)
+    _set_backend(d, backend)
+    _set_rank(d, rank)
+    _set_reason(d, reason)
+    _set_scores(d, scores)
+    _set_matched(d, matched_tokens)
+    return d
+
+
+_new_object = object.__new__
+assert tuple(Dispatch.__dataclass_fields__) == ("rid", "backend", "rank", "reason", "scores", "matched_tokens")
+assert "__post_init__" not in Dispatch.__dict__
+_set_rid, _set_backend, _set_rank, _set_reason, _set_scores, _set_matched = (
+    Dispatch.__dict__[name].__set__ for name in Dispatch.__dataclass_fields__
+)
+
+
 RefusalCode = Literal[
     "team_queue_full",
     "queue_timeout",

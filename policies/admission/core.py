@@ -16,7 +16,7 @@ from policies.admission.records import ModelViews, Running, Seat, Waiter, conver
 from policies.core import DecisionCore, Hook
 from policies.routing import Router
 from policies.teams import UNLIMITED, TeamLimits, TeamState, teams_from_config
-from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts, Slot
+from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts, Slot, new_dispatch
 
 
 class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
@@ -134,7 +134,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         return self._schedule(now)
 
     def arrive(self, req: RequestFacts, now: float) -> list[Decision]:
-        team = self.team(req.team, now)
+        team = self.teams.get(req.team) or self.team(req.team, now)  # self.team(...), mostly without a call
         if not self._healthy(req.model, req.exclude):
             return [Refuse(req.rid, "no_healthy_backend", f"no healthy backend for model '{req.model}'", 5.0, 503)]
         need = self._need(req)
@@ -143,7 +143,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         )
         if refused is not None:
             return [refused]
-        key, one_shot = self._conversation(req)
+        key, one_shot = conversation_of(req, self.anchors)
         if not team.active:
             active = [t.vtc for t in self.teams.values() if t.active]
             if active:
@@ -162,7 +162,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         if run is None:
             return []
         w = run.waiter
-        team = self.team(w.req.team, now)
+        team = self.teams.get(w.req.team) or self.team(w.req.team, now)  # self.team(...), mostly without a call
         team.inflight -= 1
         if outcome.prompt_tokens or outcome.completion_tokens:
             actual = (
@@ -178,7 +178,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             if seat.one_shot or ((not outcome.reached_backend or outcome.refused) and seat.busy == 0):
                 self._release(seat)
         self.router.finished(rid, run.slot[0], outcome, now)
-        return self._schedule(now)
+        return self._schedule(now) if self.waiting else []  # _schedule does nothing without waiters
 
     def cancel(self, rid: str, now: float) -> list[Decision]:
         waiter = self.waiting.pop(rid, None)
@@ -266,9 +266,6 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
 
     # ----- internals -----------------------------------------------------------------------------
 
-    def _conversation(self, req: RequestFacts) -> tuple[str, bool]:
-        return conversation_of(req, self.anchors)
-
     def _reserve(self, seat: Seat, tokens: int) -> int:
         self.reserved[seat.slot] = self.reserved.get(seat.slot, 0) - seat.tokens + tokens
         return tokens
@@ -284,7 +281,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         lent: bool = False,
     ) -> Dispatch:
         req = w.req
-        team = self.team(req.team, now)
+        team = self.teams.get(req.team) or self.team(req.team, now)  # self.team(...), mostly without a call
         seat = self.seats.get(w.key)
         if seat is None or seat.slot != slot:
             if seat is not None:
@@ -292,7 +289,9 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             seat = Seat(w.key, req.model, slot, req.team, 0, now, now, one_shot=w.one_shot or lent)
             self.seats[w.key] = seat
             self.seat_counts[slot] = self.seat_counts.get(slot, 0) + 1
-        seat.tokens = self._reserve(seat, max(seat.tokens, w.need))
+        held, need = seat.tokens, w.need  # self._reserve(seat, max(held, need)), without the calls:
+        tokens = seat.tokens = need if need > held else held
+        self.reserved[slot] = self.reserved.get(slot, 0) - held + tokens
         seat.busy += 1
         seat.last_active = now
         fp = req.fingerprint
@@ -308,7 +307,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         team.inflight += 1
         team.dispatched(now)
         self.running[req.rid] = Running(w, slot, charged, lent)
-        decision = Dispatch(req.rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
+        decision = new_dispatch(req.rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
         self.router.dispatched(req, decision, now)
         return decision
 
@@ -325,7 +324,8 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         if not self.waiting:
             return decisions
         # 1. Turns of seated conversations: they take no new capacity.
-        for w in self._order(list(self.waiting.values())):
+        waiters = list(self.waiting.values())
+        for w in self._order(waiters) if len(waiters) > 1 else waiters:
             req = w.req
             seat = self.seats.get(w.key)
             if seat is None or seat.model != req.model or seat.slot[0] in req.exclude:
@@ -345,7 +345,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                     continue  # keeps its seat; goes when an idle seat there can be released
             self._take(w)
             scores = {"seated": 1.0}
-            matched = self.router.matched_tokens(req, *slot)
+            matched = self.router.matched_tokens(req, slot[0], slot[1])
             if matched is not None:  # for traces: how much of this turn the backend should hold
                 scores["matched_tokens"] = float(matched)
             decisions.append(self._dispatch(w, slot, now, "prefix", scores, matched))

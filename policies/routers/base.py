@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
-from policies.types import BackendView, Dispatch, Slot
+from policies.types import BackendView, Dispatch, Slot, new_dispatch
 
 _MASK = (1 << 64) - 1
 
@@ -29,7 +29,7 @@ def make_dispatch(
     rid: str, slot: Slot, reason: str, scores: dict[str, float] | None = None, matched_tokens: int | None = None
 ) -> Dispatch:
     """The decision for ``slot`` (its rank is None for a backend without DP)."""
-    return Dispatch(rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
+    return new_dispatch(rid, slot[0], slot[1], reason, scores or {}, matched_tokens)
 
 
 def slot_label(slot: Slot) -> str:

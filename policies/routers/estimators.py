@@ -29,7 +29,7 @@ class PrefillModel:
     k_attn: float = 6.25e-10
 
     def seconds(self, uncached: int, cached: int) -> float:
-        u = max(0, uncached)
+        u = uncached if uncached > 0 else 0  # max(0, uncached) without the call (max's own comparison)
         return self.t0 + u / self.rate + self.k_attn * u * (cached + u / 2)
 
 
@@ -62,9 +62,21 @@ class CommonBlocks:
         self._next: OrderedDict[int, int] = OrderedDict()
         self._recent: deque[tuple[int, ...]] = deque()
         self._counts: dict[int, int] = {}
+        self._last: tuple[Fingerprint, int, float, int] | None = None
+        """The last ``prefix_blocks`` answer (fingerprint, scan_blocks, frac, depth): the same prompt
+        asks again (every turn of a short repeated request; ``route`` then ``dispatched``), and the answer
+        holds until ``observe`` changes a successor, a count or the window's length."""
 
     def prefix_blocks(self, fp: Fingerprint) -> int:
         """How many leading blocks of ``fp`` are common (1 + the index of its deepest common block)."""
+        last = self._last
+        if (
+            last is not None
+            and (last[0] is fp or last[0] == fp)  # ``is`` first: == walks every block even of the same tuple
+            and last[1] == self.scan_blocks
+            and last[2] == self.frac
+        ):
+            return last[3]
         nxt, counts = self._next, self._counts
         threshold = self.frac * len(self._recent)
         depth = 0
@@ -74,28 +86,43 @@ class CommonBlocks:
                 break
             if nxt.get(key) == self._BRANCH:
                 depth = i + 1
+        self._last = (fp, self.scan_blocks, self.frac, depth)
         return depth
 
     def observe(self, fp: Fingerprint) -> None:
         nxt, counts, branch = self._next, self._counts, self._BRANCH
         keys = tuple(map(_KEY, fp[: self.scan_blocks]))
-        get, move = nxt.get, nxt.move_to_end
-        for key, succ in pairwise(keys):
-            seen = get(key)
-            if seen is None:
-                nxt[key] = succ
-            else:
-                if seen != succ and seen != branch:
-                    nxt[key] = branch
-                move(key)
+        changed = False  # a successor, a count or the window's length (what prefix_blocks reads)
+        if len(keys) > 1:  # else no block has a successor here (a short prompt: skip the set-up)
+            get, move = nxt.get, nxt.move_to_end
+            for key, succ in pairwise(keys):
+                seen = get(key)
+                if seen is None:
+                    nxt[key] = succ
+                    changed = True
+                else:
+                    if seen != succ and seen != branch:
+                        nxt[key] = branch
+                        changed = True
+                    move(key)
         while len(nxt) > self.max_blocks:
             nxt.popitem(last=False)
-        self._recent.append(keys)
+            changed = True
+        recent = self._recent
+        if recent and len(recent) >= self.window and recent[0] == keys:
+            # The same blocks leave the window as enter it (a repeated prompt): the counts stay.
+            recent.append(keys)
+            recent.popleft()
+            if changed:
+                self._last = None
+            return
+        self._last = None
+        recent.append(keys)
         count = counts.get
         for k in keys:
             counts[k] = count(k, 0) + 1
-        if len(self._recent) > self.window:
-            for k in self._recent.popleft():
+        if len(recent) > self.window:
+            for k in recent.popleft():
                 left = counts[k] - 1
                 if left:
                     counts[k] = left
@@ -116,6 +143,14 @@ class Footprint:
 
     def touch(self, slot: Slot, key: int, tokens: int, now: float) -> None:
         home = self._home.get(key)
+        if home == slot:  # the same slot again: its entry becomes the newest, with these tokens
+            recent = self._per_slot[slot]
+            old = recent.get(key)
+            if old is not None:
+                recent.move_to_end(key)
+                recent[key] = (now, tokens)
+                self._total[slot] = self._total[slot] - old[1] + tokens
+                return
         if home is not None:
             old = self._per_slot[home].pop(key, None)
             if old is not None:

@@ -8,12 +8,27 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from policies.prefix_index import PrefixIndex, cumulative_tokens
-from policies.routers.base import Inflight, Rendezvous, make_dispatch, slot_label, slot_of, slots_of, stable_hash
+from policies.routers.base import Rendezvous, make_dispatch, slot_label, slots_of, stable_hash
 from policies.routers.estimators import CommonBlocks as CommonBlocks
 from policies.routers.estimators import Footprint, RecentMax
 from policies.routers.estimators import PrefillModel as PrefillModel
 from policies.routing import Router, RouterHook
 from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts, Slot
+
+
+@dataclass(slots=True)
+class _SlotState:
+    pending_recent: RecentMax
+    inflight_recent: RecentMax
+    """Its backend's counters in ``MinTTFT._pending_recent`` / ``_inflight_recent`` (shared by its
+    ranks): held here so that each event counts without looking them up."""
+    busy_until: float = 0.0
+    """When this rank's prefill queue (as this router counted it) should be empty."""
+    pending_s: float = 0.0
+    pending: set[str] = field(default_factory=set)
+    """Requests dispatched here that have no first token yet."""
+    inflight: int = 0
+    """Requests dispatched here that have not finished (``base.Inflight.count``, kept with the entries)."""
 
 
 @dataclass(slots=True)
@@ -25,16 +40,9 @@ class _Entry:
     prefill_s: float
     wait_s: float
     dispatched_at: float
+    state: _SlotState
+    """``MinTTFT._slots[slot]`` (never removed), so that the events after dispatch need no lookup."""
     ttft: float | None = None
-
-
-@dataclass(slots=True)
-class _SlotState:
-    busy_until: float = 0.0
-    """When this rank's prefill queue (as this router counted it) should be empty."""
-    pending_s: float = 0.0
-    pending: set[str] = field(default_factory=set)
-    """Requests dispatched here that have no first token yet."""
 
 
 class MinTTFT(Router):
@@ -129,7 +137,6 @@ class MinTTFT(Router):
         self.speed: dict[str, float] = {}
         self._rng = random.Random(seed)
         self._rendezvous = Rendezvous()
-        self._inflight = Inflight()
         self._slots: dict[Slot, _SlotState] = {}
         self._entries: dict[str, _Entry] = {}
         self._inflight_recent: dict[str, RecentMax] = {}
@@ -144,7 +151,10 @@ class MinTTFT(Router):
     def _state(self, slot: Slot) -> _SlotState:
         st = self._slots.get(slot)
         if st is None:
-            st = self._slots[slot] = _SlotState()
+            backend = slot[0]
+            st = self._slots[slot] = _SlotState(
+                self._recent(self._pending_recent, backend), self._recent(self._inflight_recent, backend)
+            )
         return st
 
     def _cum(self, fp: Fingerprint) -> list[int]:
@@ -162,12 +172,6 @@ class MinTTFT(Router):
         if r is None:
             r = table[backend] = RecentMax(self.report_lag_s)
         return r
-
-    def _count(self, table: dict[str, RecentMax], backend: str, delta: int, now: float) -> None:
-        r = table.get(backend)
-        if r is None:
-            r = self._recent(table, backend)
-        r.set(r.value + delta, now)
 
     def _surplus(self, view: BackendView, now: float) -> tuple[float, float]:
         """(requests, seconds of waiting prefill) the backend reports beyond ours, per rank. The
@@ -204,7 +208,7 @@ class MinTTFT(Router):
             wait = (max(0.0, st.busy_until - now) if st else 0.0) + extra_wait
             c = self.index.matched_tokens(slot, fp, cum)
             p = self._prefill(view.name, prompt, c)
-            n.append(self._inflight.count(slot) + extra_n)
+            n.append((st.inflight if st else 0) + extra_n)
             matched.append(c)
             prefill.append(p)
             waits.append(wait)
@@ -278,38 +282,56 @@ class MinTTFT(Router):
     def matched_tokens(self, req: RequestFacts, backend: str, rank: int | None) -> int:
         """Tokens of ``req`` that ``backend`` (rank) probably holds, by this router's index."""
         fp = req.fingerprint
-        return self.index.matched_tokens((backend, rank), fp, self._cum(fp))
+        last, cum = self._cum_of
+        return self.index.matched_tokens((backend, rank), fp, cum if fp is last else self._cum(fp))
 
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
-        slot = slot_of(decision)
-        backend, rid, fp = slot[0], req.rid, req.fingerprint
-        cum = self._cum(fp)
-        prompt = max(req.prompt_tokens, cum[-1])
+        backend = decision.backend
+        slot = (backend, decision.rank)  # slot_of(decision)
+        rid, fp = req.rid, req.fingerprint
+        last, cum = self._cum_of
+        if fp is not last:  # else self._cum(fp) would give cum again
+            cum = self._cum(fp)
+        prompt, held = req.prompt_tokens, cum[-1]
+        prompt = held if held > prompt else prompt  # max(prompt_tokens, cum[-1]) without the call
         cached = self.index.matched_tokens(slot, fp, cum)
-        p = self._prefill(backend, prompt, cached)
-        st = self._state(slot)
-        start = max(st.busy_until, now)
+        p = self.model.seconds(prompt - cached, cached) / self.speed.get(backend, 1.0)  # _prefill
+        st = self._slots.get(slot)
+        if st is None:
+            st = self._state(slot)
+        busy = st.busy_until
+        start = now if now > busy else busy  # max(busy, now) without the call (max's own comparison)
         st.busy_until = start + p
         st.pending_s += p
         st.pending.add(rid)
-        self._count(self._pending_recent, backend, 1, now)
-        self._count(self._inflight_recent, backend, 1, now)
-        self._entries[rid] = _Entry(slot, fp, prompt, cached, p, start - now, now)
-        self._inflight.add(rid, slot)
-        self.footprint.touch(slot, self._key(fp, self.common.prefix_blocks(fp), req), prompt, now)
+        recent = st.pending_recent
+        recent.set(recent.value + 1, now)
+        recent = st.inflight_recent
+        recent.set(recent.value + 1, now)
+        entries = self._entries
+        old = entries.get(rid)
+        if old is not None:  # dispatched again before it finished: it counts where it went last
+            old.state.inflight -= 1
+        st.inflight += 1
+        entries[rid] = _Entry(slot, fp, prompt, cached, p, start - now, now, st)
+        common = self.common
+        self.footprint.touch(slot, self._key(fp, common.prefix_blocks(fp), req), prompt, now)
         self.index.insert(slot, fp)
-        self.common.observe(fp)
+        common.observe(fp)
         self._mean_prefill_s += 0.05 * (p - self._mean_prefill_s)
 
     def _prefill_done(self, e: _Entry, rid: str, now: float) -> None:
-        st = self._state(e.slot)
-        if rid not in st.pending:
+        st = e.state
+        pending = st.pending
+        if rid not in pending:
             return
-        st.pending.discard(rid)
-        st.pending_s = max(0.0, st.pending_s - e.prefill_s) if st.pending else 0.0
+        pending.discard(rid)
+        left = st.pending_s - e.prefill_s
+        st.pending_s = (left if left > 0.0 else 0.0) if pending else 0.0  # max(0.0, left) without the call
         # What is still queued starts now (the engine prefills one batch after another).
         st.busy_until = now + st.pending_s
-        self._count(self._pending_recent, e.slot[0], -1, now)
+        recent = st.pending_recent
+        recent.set(recent.value - 1, now)
 
     def first_token(self, rid: str, now: float) -> None:
         e = self._entries.get(rid)
@@ -320,10 +342,11 @@ class MinTTFT(Router):
 
     def finished(self, rid: str, backend: str, outcome: Outcome, now: float) -> None:
         e = self._entries.pop(rid, None)
-        self._inflight.remove(rid)
         if e is None:
             return
-        self._count(self._inflight_recent, e.slot[0], -1, now)
+        e.state.inflight -= 1
+        recent = e.state.inflight_recent
+        recent.set(recent.value - 1, now)
         if e.ttft is None:  # else its first token ended its prefill already
             self._prefill_done(e, rid, now)
         if outcome.ok and outcome.reached_backend:

@@ -4,12 +4,14 @@
 - each registered core lists in ``hooks`` exactly the optional hooks it overrides;
 - no ``hasattr``/``getattr`` in ``gateway/``, ``policies/`` or ``loadtest/`` (a capability is declared,
   not discovered at run time);
-- routing hands admission what it knows in ``Dispatch.matched_tokens``.
+- routing hands admission what it knows in ``Dispatch.matched_tokens``;
+- ``new_dispatch`` (the hot path's constructor) makes exactly the ``Dispatch`` its fields make.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from policies.admission import SeatedAdmission, SeatParams
 from policies.core import HOOKS, DecisionCore
 from policies.routers import MinTTFT
 from policies.routing import ROUTER_HOOKS, Router
-from policies.types import BackendView, Dispatch, Outcome, RequestFacts
+from policies.types import BackendView, Dispatch, Outcome, RequestFacts, new_dispatch
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "policies", "loadtest")
@@ -133,3 +135,12 @@ def test_a_seated_turn_carries_the_matched_prefix_in_its_dispatch() -> None:
     d2 = core.arrive(second, 2.0)[0]
     assert isinstance(d1, Dispatch) and isinstance(d2, Dispatch)
     assert d2.reason == "prefix" and d2.backend == d1.backend and d2.matched_tokens == 3000
+
+
+def test_new_dispatch_is_the_dispatch_of_its_fields() -> None:
+    fields = ("r1", "b0", 3, "prefix", {"seated": 1.0}, 42)
+    fast, plain = new_dispatch(*fields), Dispatch(*fields)
+    assert type(fast) is Dispatch and fast == plain and repr(fast) == repr(plain) and fast.scores is fields[4]
+    assert dataclasses.replace(fast, reason="retry") == Dispatch("r1", "b0", 3, "retry", {"seated": 1.0}, 42)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.rid = "r2"  # type: ignore[misc]

@@ -321,7 +321,7 @@ def test_failed_dispatch_frees_the_slot() -> None:
     r = req("r", chain("x", 50_000))
     d = send(router, r, backends, 0.0, finish=False)
     router.finished("r", d.backend, Outcome(ok=False, reached_backend=False), 0.1)
-    assert router._inflight.count((d.backend, None)) == 0
+    assert router._slots[(d.backend, None)].inflight == 0
     assert router._slots[(d.backend, None)].pending == set()
 
 
