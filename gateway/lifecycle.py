@@ -29,7 +29,7 @@ from gateway.dispatch import Refused
 from gateway.errors import GatewayError
 from gateway.held import HeldOpen
 from gateway.httpserver import DIRECT, LimitedHttpToolsProtocol
-from gateway.proxy import Result, send_bytes
+from gateway.proxy import Result, WholeSend, send_bytes
 from gateway.surface import ClientRequest, Surface
 from gateway.telemetry import bind, current_trace
 from gateway.upstream import Exchange
@@ -89,7 +89,7 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
-class _Tracked:
+class _Tracked(WholeSend):
     """The request's ``send``: notes the status the client got (for the access log) and when the
     response is complete (the client leaving after that is not a client leaving). On our server it
     is also a ``WholeSend``: a whole response goes out in one write (``LimitedHttpToolsProtocol.respond``)."""

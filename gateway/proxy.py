@@ -12,7 +12,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import orjson
@@ -143,22 +143,25 @@ async def send_bytes(
     send: Send, status: int, body: bytes, content_type: bytes, extra_headers: list[tuple[bytes, bytes]]
 ) -> None:
     """A whole response: in one write when ``send`` can (a ``WholeSend``), else two ASGI messages."""
-    whole = getattr(send, "whole", None)
-    if whole is not None and whole(status, [(b"content-type", content_type), *extra_headers], body):
+    if isinstance(send, WholeSend) and send.whole(status, [(b"content-type", content_type), *extra_headers], body):
         return
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra_headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class WholeSend(Protocol):
-    """An ASGI ``send`` that can also write a whole response at once (``gateway/lifecycle.py``)."""
+class WholeSend:
+    """An ASGI ``send`` that can also write a whole response at once (the request path's, on our
+    server: ``gateway/lifecycle.py``)."""
 
-    async def __call__(self, message: Message) -> None: ...
+    __slots__ = ()
+
+    async def __call__(self, message: Message) -> None:
+        raise NotImplementedError
 
     def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """Head (plus ``content-length``) and ``body`` sent; False if not possible now (use the messages)."""
-        ...
+        return False
 
 
 def read_usage(body: bytes, result: Result) -> None:

@@ -156,10 +156,10 @@ class Footprint:
             if old is not None:
                 self._total[home] -= old[1]
         self._home[key] = slot
-        recent = self._per_slot.get(slot)
-        if recent is None:
-            recent = self._per_slot[slot] = OrderedDict()
-        recent[key] = (now, tokens)
+        entries = self._per_slot.get(slot)
+        if entries is None:
+            entries = self._per_slot[slot] = OrderedDict()
+        entries[key] = (now, tokens)
         self._total[slot] = self._total.get(slot, 0) + tokens
 
     def tokens(self, slot: Slot, now: float) -> int:
