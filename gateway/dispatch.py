@@ -115,8 +115,8 @@ class Dispatcher:
                 self._waiting[facts.rid] = future
                 self._apply(self.core.requeue(facts.rid, self.clock()))
         finally:
-            if counted:
-                queued.dec()  # type: ignore[union-attr]
+            if counted and queued is not None:
+                queued.dec()
 
     async def _lease(self, facts: RequestFacts) -> bool:
         team = self.core.team(facts.team, self.clock())

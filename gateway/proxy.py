@@ -143,9 +143,10 @@ async def send_bytes(
     send: Send, status: int, body: bytes, content_type: bytes, extra_headers: list[tuple[bytes, bytes]]
 ) -> None:
     """A whole response: in one write when ``send`` can (a ``WholeSend``), else two ASGI messages."""
-    if isinstance(send, WholeSend) and send.whole(status, [(b"content-type", content_type), *extra_headers], body):
+    headers = [(b"content-type", content_type), *extra_headers]
+    if isinstance(send, WholeSend) and send.whole(status, headers, body):
         return
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra_headers]
+    headers.insert(1, (b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 

@@ -219,6 +219,11 @@ def start_router(
 ROUTER_POLICIES = ("round_robin", "cache_aware")
 
 
+def _ratio_heads(names: list[str], note: str = "") -> str:
+    """The ``× router`` column heads of a table: one per router, named by its policy."""
+    return "".join(f" × {n.removeprefix('sglang-router ')}{note} |" for n in names) or " × router |"
+
+
 def _ratios(per: float, refs: list[float]) -> str:
     """The ``× router`` cells of a row: ``per`` over each router's figure."""
     return "".join(f" {per / ref:.2f} |" if ref else " - |" for ref in refs) or " - |"
@@ -246,8 +251,7 @@ def short_mode(targets: list[Target], names: list[str], args: argparse.Namespace
     def per_1000(rows: list[dict[str, Any]]) -> float:
         return sum(r["cpu_s"] for r in rows) / max(1, sum(r["completed"] for r in rows)) * 1000
 
-    heads = "".join(f" × {n.removeprefix('sglang-router ')} (rounds) |" for n in names) or " × router |"
-    print(f"| server | requests | errors | req/s | CPU s | CPU s per 1,000 |{heads}")
+    print(f"| server | requests | errors | req/s | CPU s | CPU s per 1,000 |{_ratio_heads(names, ' (rounds)')}")
     print("|---|---|---|---|---|---|" + "---|" * max(1, len(names)))
     for t in targets:
         rows = [rnd[t.name] for rnd in per_round]
@@ -259,8 +263,10 @@ def short_mode(targets: list[Target], names: list[str], args: argparse.Namespace
         cells = ""
         for n in names:
             ref = per_1000([rnd[n] for rnd in per_round])
-            each = [per_1000([rnd[t.name]]) / max(1e-9, per_1000([rnd[n]])) for rnd in per_round]
-            cells += f" {mine / ref:.2f} ({min(each):.2f}-{max(each):.2f}) |" if ref else " - |"
+            # a round whose router CPU read 0 (the clock's 10 ms tick, on a tiny run) gives no ratio
+            each = [per_1000([rnd[t.name]]) / r for rnd in per_round if (r := per_1000([rnd[n]])) > 0]
+            spread = f" ({min(each):.2f}-{max(each):.2f})" if each else ""
+            cells += f" {mine / ref:.2f}{spread} |" if ref else " - |"
         completed = sum(r["completed"] for r in rows)
         print(
             f"| {t.name} | {completed} | {_fmt_errors(errors)} | {completed / sum(r['wall_s'] for r in rows):.0f} | "
@@ -362,13 +368,11 @@ def main(argv: list[str] | None = None) -> None:
             + (f"; servers on CPU {sorted(servers)}, harness on {sorted(harness or ())}" if servers else "")
             + "\n"
         )
-        ratio_heads = "".join(f" × {n.removeprefix('sglang-router ')} |" for n in names) or " × router |"
-        ratio_rule = "---|" * max(1, len(names))
         print(
-            f"| streams | server | completed | errors | CPU s | CPU/chunk µs |{ratio_heads} RSS MB | "
+            f"| streams | server | completed | errors | CPU s | CPU/chunk µs |{_ratio_heads(names)} RSS MB | "
             "transit p50 ms | transit p99 ms |"
         )
-        print(f"|---|---|---|---|---|---|{ratio_rule}---|---|---|")
+        print(f"|---|---|---|---|---|---|{'---|' * max(1, len(names))}---|---|---|")
         levels = [int(s) for s in args.streams.split(",")]
         for level in (n for n in levels for _ in range(args.repeat)):
             ramp = args.ramp or max(0.5, level / 1000)

@@ -136,9 +136,7 @@ class PrefixIndex:
         lru = self._slots.get(slot)
         if lru is None or not fp:
             return 0
-        last, blocks = lru._last
-        if fp is not last:  # else lru.matched_blocks(fp) would give its last answer again
-            blocks = lru.matched_blocks(fp)
+        blocks = lru.matched_blocks(fp)
         if cum is not None:
             return cum[blocks]
         return sum(map(_TOKENS, fp[:blocks]))

@@ -86,8 +86,10 @@ def new_dispatch(
 
 
 _new_object = object.__new__
-assert tuple(Dispatch.__dataclass_fields__) == ("rid", "backend", "rank", "reason", "scores", "matched_tokens")
-assert "__post_init__" not in Dispatch.__dict__
+if tuple(Dispatch.__dataclass_fields__) != ("rid", "backend", "rank", "reason", "scores", "matched_tokens") or (
+    "__post_init__" in Dispatch.__dict__
+):
+    raise TypeError("new_dispatch no longer matches Dispatch's fields: update it with them")
 _set_rid, _set_backend, _set_rank, _set_reason, _set_scores, _set_matched = (
     Dispatch.__dict__[name].__set__ for name in Dispatch.__dataclass_fields__
 )
