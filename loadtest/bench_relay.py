@@ -3,6 +3,7 @@
     python -m loadtest.bench_relay [--streams 500,2000] [--interval 0.1] [--tokens 50] [--workers 1]
                                    [--redis-url URL] [--short-seconds 10] [--baseline /work/main]
                                    [--set overload.max_lag_ms=500] [--gateway-log FILE] [--pin] [--repeat N]
+                                   [--floor]
     python -m loadtest.bench_relay --scaling --cpu-quota 0.4 [--rounds 2] [--short-seconds 8]
 
 Starts the synthetic SGLang-like upstream (loadtest/relay_upstream.py), the gateway (``--workers``
@@ -14,7 +15,9 @@ process) against each server in turn, and prints: streams completed, errors, CPU
 server's process tree, from /proc, over the whole level including connection set-up), peak RSS,
 transit p50/p99 (upstream send → client receive, per chunk) and the ratio of CPU per chunk to each
 router's. ``--short-seconds`` adds a short-request mode: keep-alive clients sending non-streamed
-requests, CPU per 1,000, in ``--short-rounds`` rounds alternating the servers.
+requests, CPU per 1,000, in ``--short-rounds`` rounds alternating the servers; ``--floor`` adds
+the floor to it (loadtest/floor_proxy.py: the same server and upstream client with no gateway
+between them), so that the gateway's own share of a request is measured in the same run.
 ``--pin`` keeps each server (gateway workers, baseline, router) on the last ``--workers`` CPUs and
 the upstream and load generator on the others, so that on a small machine the harness does not
 take the server's core (one worker is one core); ``--repeat N`` runs each level N times against
@@ -217,6 +220,16 @@ def start_router(
 
 
 ROUTER_POLICIES = ("round_robin", "cache_aware")
+FLOOR = "floor"
+"""The short mode's floor (``--floor``, loadtest/floor_proxy.py): the server and the upstream client alone."""
+
+
+def start_floor(stack: contextlib.ExitStack, upstream: str, cpus: set[int] | None = None) -> Target:
+    """loadtest/floor_proxy.py in front of ``upstream`` until ``stack`` closes."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "loadtest.floor_proxy", "--upstream", upstream, "--port", str(port)]
+    proc = stack.enter_context(process(cmd, f"http://127.0.0.1:{port}/", cpus=cpus))
+    return Target(FLOOR, port, proc.pid)
 
 
 def _ratio_heads(names: list[str], note: str = "") -> str:
@@ -251,8 +264,10 @@ def short_mode(targets: list[Target], names: list[str], args: argparse.Namespace
     def per_1000(rows: list[dict[str, Any]]) -> float:
         return sum(r["cpu_s"] for r in rows) / max(1, sum(r["completed"] for r in rows)) * 1000
 
-    print(f"| server | requests | errors | req/s | CPU s | CPU s per 1,000 |{_ratio_heads(names, ' (rounds)')}")
-    print("|---|---|---|---|---|---|" + "---|" * max(1, len(names)))
+    refs = names + [FLOOR] * any(t.name == FLOOR for t in targets)
+    heads = _ratio_heads(names, " (rounds)") + (" × floor (rounds) |" if FLOOR in refs else "")
+    print(f"| server | requests | errors | req/s | CPU s | CPU s per 1,000 |{heads}")
+    print("|---|---|---|---|---|---|" + "---|" * max(1, len(refs)))
     for t in targets:
         rows = [rnd[t.name] for rnd in per_round]
         errors: dict[str, int] = {}
@@ -261,10 +276,10 @@ def short_mode(targets: list[Target], names: list[str], args: argparse.Namespace
                 errors[kind] = errors.get(kind, 0) + n
         mine = per_1000(rows)
         cells = ""
-        for n in names:
+        for n in refs:
             ref = per_1000([rnd[n] for rnd in per_round])
             # a round whose router CPU read 0 (the clock's 10 ms tick, on a tiny run) gives no ratio
-            each = [per_1000([rnd[t.name]]) / r for rnd in per_round if (r := per_1000([rnd[n]])) > 0]
+            each = [per_1000([rnd[t.name]]) / b for rnd in per_round if (b := per_1000([rnd[n]])) > 0]
             spread = f" ({min(each):.2f}-{max(each):.2f})" if each else ""
             cells += f" {mine / ref:.2f}{spread} |" if ref else " - |"
         completed = sum(r["completed"] for r in rows)
@@ -283,7 +298,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="cachegate bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--streams", default="500,2000", help="levels of concurrent streams, comma-separated")
+    parser.add_argument(
+        "--streams",
+        default="500,2000",
+        help="levels of concurrent streams, comma-separated (0: none, the short mode alone)",
+    )
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between chunks of a stream")
     parser.add_argument("--tokens", type=int, default=50, help="content chunks per stream")
     parser.add_argument("--ramp", type=float, default=0.0, help="seconds to open the streams (default: N/1000)")
@@ -295,6 +314,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--short-rate", type=float, default=400.0, help="requests/s in all (0: closed loop)")
     parser.add_argument("--baseline", type=Path, default=None, help="also run the gateway from this checkout")
     parser.add_argument("--no-router", action="store_true")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="short mode: also the floor (loadtest/floor_proxy.py: uvicorn and the upstream client, no gateway)",
+    )
     parser.add_argument("--gateway-log", type=Path, default=None, help="append the gateway's output to this file")
     parser.add_argument("--scaling", action="store_true", help="run the workers mode only (see above)")
     parser.add_argument("--cpu-quota", type=float, default=None, help="--scaling: CPUs per worker (cgroup v1)")
@@ -374,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(f"|---|---|---|---|---|---|{'---|' * max(1, len(names))}---|---|---|")
         levels = [int(s) for s in args.streams.split(",")]
-        for level in (n for n in levels for _ in range(args.repeat)):
+        for level in (n for n in levels for _ in range(args.repeat) if n > 0):
             ramp = args.ramp or max(0.5, level / 1000)
             timeout = ramp + args.tokens * args.interval * 3 + 30
             rows = [
@@ -408,7 +432,8 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
         if args.short_seconds:
-            short_mode(targets, names, args, harness)
+            floor = [start_floor(stack, upstream, servers)] if args.floor else []
+            short_mode(targets + floor, names, args, harness)
 
 
 if __name__ == "__main__":

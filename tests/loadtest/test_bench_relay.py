@@ -1,4 +1,5 @@
-"""The relay benchmark runs end to end (tiny: 30 streams, 20 ms chunks) and counts what it relayed."""
+"""The relay benchmark runs end to end (tiny: 30 streams, 20 ms chunks, a second of short requests with
+the floor beside the gateway) and counts what it relayed."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def test_bench_relay_smoke() -> None:
             "1",
             "--short-rate",
             "50",
+            "--floor",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -39,3 +41,7 @@ def test_bench_relay_smoke() -> None:
     assert completed == "30" and errors == "0" and per_chunk > 0, out
     short = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| cachegate |")]
     assert short and int(short[0][1]) >= 30 and short[0][2].strip() == "0", out
+    # the floor ran the same short requests, and the gateway's ratio to it is printed
+    floor = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| floor |")]
+    assert floor and int(floor[0][1]) == int(short[0][1]) and floor[0][2].strip() == "0", out
+    assert "× floor" in out and float(short[0][6].split()[0]) > 0, out
