@@ -156,14 +156,17 @@ class AccessLog:
         scope[SCOPE_KEY] = record
         started = time.monotonic()
 
-        async def send_seen(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                record.status = int(message["status"])
-            await send(message)
-
         try:
-            direct = method == "POST" and record.path in self.self_reporting
-            await self.app(scope, receive, send if direct else send_seen)
+            if method == "POST" and path in self.self_reporting:
+                await self.app(scope, receive, send)
+            else:
+
+                async def send_seen(message: Message) -> None:
+                    if message["type"] == "http.response.start":
+                        record.status = int(message["status"])
+                    await send(message)
+
+                await self.app(scope, receive, send_seen)
         finally:
             record.duration_s = time.monotonic() - started
             status = record.status or 499  # 499: the client left before any answer

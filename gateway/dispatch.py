@@ -77,10 +77,18 @@ class Dispatcher:
         """Wait until the core dispatches this request; raise ``Refused`` if it refuses it.
         ``queued`` (a gauge) counts it while it waits; a request dispatched at once never waits
         (nothing could see it counted: a scrape runs between the loop's steps)."""
+        decisions = self.core.arrive(facts, self.clock())
+        if not self._leases and len(decisions) == 1:
+            # The common case: dispatched at once, nothing else decided. No future to wait on.
+            decision = decisions[0]
+            if decision.rid == facts.rid and isinstance(decision, Dispatch):
+                if self.on_decision:
+                    self.on_decision(decision)
+                return decision
         loop = self._loop or asyncio.get_running_loop()
         future: asyncio.Future[Decision] = loop.create_future()
         self._waiting[facts.rid] = future
-        self._apply(self.core.arrive(facts, self.clock()))
+        self._apply(decisions)
         counted = False
         try:
             while True:

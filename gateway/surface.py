@@ -73,9 +73,13 @@ class ClientRequest:
     """The client's connection if the server lends it to the relay (set by the path)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Target:
-    """The backend an attempt goes to, as a surface needs to know it."""
+    """The backend an attempt goes to, as a surface needs to know it.
+
+    ``Target``, ``RelayContext`` and ``UpstreamCall`` are made once per request and only read after:
+    plain slotted dataclasses, since a frozen one's ``__init__`` sets each field through
+    ``object.__setattr__`` (five times the cost, on every request)."""
 
     backend: str
     upstream_model: str
@@ -87,7 +91,7 @@ class Target:
     serves ``/v1/responses`` itself, so a surface posts there instead of translating)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RelayContext:
     """What a relay reports to, and the few settings it needs."""
 
@@ -213,7 +217,7 @@ class TranslatingRelay(Relay):
         await send_bytes(send, status, body, ctype, ctx.headers)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UpstreamCall:
     """One attempt's request to a backend, and how its answer comes back."""
 

@@ -212,7 +212,9 @@ class Upstream:
         finally:
             await response.aclose()
             span.done(status, result.stream_error)
-            fault = backend_fault(status=status) or stream_fault(result.stream_error, lagging=self.lagging())
+            fault = backend_fault(status=status)
+            if fault is None and result.stream_error is not None:  # the loop's lag matters only then
+                fault = stream_fault(result.stream_error, lagging=self.lagging())
             if fault:
                 self.pool.request_failed(
                     backend, fault, f"answered {status}" if fault == "status_5xx" else "the response broke off"
