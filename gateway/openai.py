@@ -40,7 +40,6 @@ class ParsedRequest:
     stream: bool
     client_wants_usage: bool
     max_tokens: int | None
-    prompt_bytes: int
 
 
 def _bad(message: str, param: str | None = None, code: str = "invalid_request") -> GatewayError:
@@ -71,17 +70,21 @@ def parse(raw: bytes, kind: Kind) -> ParsedRequest:
             raise _bad(f"'{field}' must be a positive integer.", field)
         max_tokens = value
         break
-    prompt_bytes = _check_messages(body) if kind == "chat" else _check_prompt(body)
-    return ParsedRequest(kind, body, model, stream, wants_usage, max_tokens, prompt_bytes)
+    # The prompt's size is the fingerprint's to measure (gateway/lifecycle.py renders it anyway):
+    # these only check its shape.
+    if kind == "chat":
+        _check_messages(body)
+    else:
+        _check_prompt(body)
+    return ParsedRequest(kind, body, model, stream, wants_usage, max_tokens)
 
 
-def _check_messages(body: dict[str, Any]) -> int:
+def _check_messages(body: dict[str, Any]) -> None:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise _bad("'messages' is required and must be an array.", "messages")
     if not messages:
         raise _bad("'messages' must contain at least one message.", "messages")
-    size = 0
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise _bad(f"'messages[{i}]' must be an object.", f"messages[{i}]")
@@ -91,29 +94,27 @@ def _check_messages(body: dict[str, Any]) -> int:
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             raise _bad(f"'messages[{i}].content' must be a string, an array or null.", f"messages[{i}].content")
-        size += _text_size(content) + _text_size(message.get("tool_calls"))
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise _bad("'tools' must be an array.", "tools")
-    return size + _text_size(tools)
 
 
-def _check_prompt(body: dict[str, Any]) -> int:
+def _check_prompt(body: dict[str, Any]) -> None:
     prompt = body.get("prompt")
     if prompt is None:
         raise _bad("'prompt' is required.", "prompt")
     if isinstance(prompt, str):
         if not prompt:
             raise _bad("'prompt' must not be empty.", "prompt")
-        return len(prompt.encode())
+        return
     if (
         isinstance(prompt, list)
         and prompt
         and all(isinstance(p, str | int) and not isinstance(p, bool) for p in prompt)
     ):
-        return _text_size(prompt)
+        return
     if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
-        return _text_size(prompt)
+        return
     raise _bad("'prompt' must be a non-empty string, array of strings or array of token ids.", "prompt")
 
 
@@ -185,19 +186,6 @@ def _name_the_breach(body: Any) -> None:
 
 def _too_complex(what: str, path: str) -> GatewayError:
     return GatewayError(400, f"The request body is too complex: {what}.", "request_too_complex", path[:200] or None)
-
-
-def _text_size(value: Any) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, str):
-        return len(value.encode())
-    if isinstance(value, int | float):
-        return 4
-    try:
-        return len(orjson.dumps(value))
-    except (TypeError, orjson.JSONEncodeError):  # unreachable after check_shape; never a 500
-        raise _too_complex("a value that cannot be re-encoded", "") from None
 
 
 def upstream_body(req: ParsedRequest, upstream_model: str, *, rank: int | None = None) -> tuple[bytes, bool]:

@@ -30,7 +30,6 @@ class OpenAISurface(Surface):
             prompt=parsed.body,
             body=parsed.body,
             native=parsed,
-            prompt_bytes=parsed.prompt_bytes,
         )
 
     def upstream(self, req: ClientRequest, target: Target) -> UpstreamCall:
