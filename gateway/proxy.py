@@ -121,7 +121,10 @@ def _payload(event: bytes) -> Any:
         return None
 
 
-async def read_body(response: WireResponse, limit: int = 64 * 1024 * 1024) -> bytes:
+BODY_LIMIT = 64 * 1024 * 1024
+
+
+async def read_body(response: WireResponse, limit: int = BODY_LIMIT) -> bytes:
     # receive() in a loop rather than ``async for`` over aiter_raw(): an async generator per
     # response costs the event loop's first-iteration hook (a WeakSet entry added and removed).
     parts: list[bytes] = []

@@ -28,7 +28,7 @@ from backends.pool import Backend, BackendPool
 from gateway.dispatch import Dispatcher
 from gateway.errors import GatewayError
 from gateway.metrics import Metrics
-from gateway.proxy import RETRYABLE, Result, read_body
+from gateway.proxy import BODY_LIMIT, RETRYABLE, Result, read_body
 from gateway.surface import ClientRequest, RelayContext, Surface, Target
 from gateway.telemetry import RequestTrace
 from gateway.wire_pool import WireClient
@@ -190,7 +190,10 @@ class Upstream:
                 m.upstream_errors.labels(backend.name, "status_5xx").inc()
             if status != 200 or not req.stream:
                 try:
-                    payload = await read_body(response)
+                    # a short answer has usually arrived whole with its head: no waiting then
+                    payload = response.body_now(BODY_LIMIT)
+                    if payload is None:
+                        payload = await read_body(response)
                 except httpx.TimeoutException:
                     m.upstream_errors.labels(backend.name, "timeout").inc()
                     result.stream_error = "timeout"
@@ -210,7 +213,7 @@ class Upstream:
                     m.upstream_errors.labels(backend.name, result.stream_error).inc()
             exchange.status = status
         finally:
-            await response.aclose()
+            response.close()
             span.done(status, result.stream_error)
             fault = backend_fault(status=status)
             if fault is None and result.stream_error is not None:  # the loop's lag matters only then

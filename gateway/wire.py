@@ -308,7 +308,20 @@ class WireResponse(asyncio.Protocol):
         if self.error is not None:
             raise self.error
 
+    def body_now(self, limit: int) -> bytes | None:
+        """The whole body when all of it has arrived (at most ``limit`` bytes), without waiting;
+        else None (``gateway/proxy.py``'s ``read_body`` waits for it)."""
+        if not self.done or self.error is not None:
+            return None
+        size = sum(len(part) for part in self.out)
+        if size > limit:
+            return None
+        return self.take() or b""
+
     async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
         """Done with the response: the connection goes back to the pool if it was read to the end,
         else it is closed (the upstream sees the client leave) and its slot of the budget freed."""
         if self.finished:

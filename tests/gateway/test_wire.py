@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.proxy import Result, StreamWatch
+from gateway.proxy import Result, StreamWatch, read_body
 from gateway.relay import relay_sse
 from gateway.wire import SILENCE
 from gateway.wire_pool import WireClient
@@ -110,6 +110,43 @@ async def test_keep_alive_reuse_and_reconnect_after_server_closed_idle() -> None
             await asyncio.sleep(0.05)
         assert len(accepted) == 2, "one connection per two requests: reused, then replaced once closed"
         assert wc.open == 1
+
+
+async def test_body_now_only_for_a_whole_body_within_the_limit() -> None:
+    """``body_now`` gives the body without waiting once all of it arrived, and None while it has not
+    (the caller then waits with ``read_body``) or when it is over the limit; either way the
+    connection goes back to the pool once read to the end."""
+    go_on = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\nhello world")
+        await writer.drain()
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\nhello ")
+        await writer.drain()
+        await go_on.wait()
+        writer.write(b"world")
+        await writer.drain()
+        await reader.read()
+
+    async with server(handler) as (url, accepted):
+        wc = client()
+        whole = await wc.post(url + "/x", {}, b"{}")
+        for _ in range(100):  # the body follows the head in the same write, but give it its read
+            if whole.done:
+                break
+            await asyncio.sleep(0.01)
+        assert whole.body_now(10) is None, "over the limit: left to read_body"
+        assert whole.body_now(11) == b"hello world"
+        whole.close()
+        part = await wc.post(url + "/x", {}, b"{}")
+        await asyncio.sleep(0.05)
+        assert part.body_now(1 << 20) is None, "half of it: nothing to take without waiting"
+        go_on.set()
+        assert await read_body(part) == b"hello world"
+        part.close()
+        assert len(accepted) == 1 and wc.open == 1
 
 
 async def test_relay_keepalive_then_idle_timeout_ends_with_error_and_done() -> None:
