@@ -77,9 +77,15 @@ class Dispatcher:
         """Wait until the core dispatches this request; raise ``Refused`` if it refuses it.
         ``queued`` (a gauge) counts it while it waits; a request dispatched at once never waits
         (nothing could see it counted: a scrape runs between the loop's steps)."""
+        first = self.admit_now(facts)
+        return first if isinstance(first, Dispatch) else await self.wait(facts, first, queued)
+
+    def admit_now(self, facts: RequestFacts) -> Dispatch | asyncio.Future[Decision]:
+        """``admit`` in two steps, for a caller that would rather not start a coroutine for the
+        common case: the request's dispatch if the core gives it at once (and no team lease is to
+        be taken), else the future to hand to ``wait`` (at once: nothing else may run between)."""
         decisions = self.core.arrive(facts, self.clock())
         if not self._leases and len(decisions) == 1:
-            # The common case: dispatched at once, nothing else decided. No future to wait on.
             decision = decisions[0]
             if decision.rid == facts.rid and isinstance(decision, Dispatch):
                 if self.on_decision:
@@ -89,6 +95,13 @@ class Dispatcher:
         future: asyncio.Future[Decision] = loop.create_future()
         self._waiting[facts.rid] = future
         self._apply(decisions)
+        return future
+
+    async def wait(
+        self, facts: RequestFacts, future: asyncio.Future[Decision], queued: Waiting | None = None
+    ) -> Dispatch:
+        """The second step of ``admit``: wait on ``future`` from ``admit_now`` (see ``admit``)."""
+        loop = self._loop or asyncio.get_running_loop()
         counted = False
         try:
             while True:

@@ -35,7 +35,7 @@ from gateway.telemetry import bind, current_trace
 from gateway.upstream import Exchange
 from gateway.worker import Gateway
 from policies.prefix import request_fingerprint, total_tokens
-from policies.types import Outcome, RequestFacts
+from policies.types import Dispatch, Outcome, RequestFacts
 
 log = logging.getLogger("cachegate")
 
@@ -264,7 +264,10 @@ class RequestPath:
             held.start()
             send = held.send
         try:
-            decision = await gw.dispatcher.admit(facts, m.queued.labels(team))
+            first = gw.dispatcher.admit_now(facts)
+            decision = (
+                first if isinstance(first, Dispatch) else await gw.dispatcher.wait(facts, first, m.queued.labels(team))
+            )
         except Refused as refused:
             r = refused.refusal
             m.refusals.labels(team, r.code).inc()

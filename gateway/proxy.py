@@ -146,10 +146,22 @@ async def send_bytes(
     send: Send, status: int, body: bytes, content_type: bytes, extra_headers: list[tuple[bytes, bytes]]
 ) -> None:
     """A whole response: in one write when ``send`` can (a ``WholeSend``), else two ASGI messages."""
-    headers = [(b"content-type", content_type), *extra_headers]
-    if isinstance(send, WholeSend) and send.whole(status, headers, body):
-        return
-    headers.insert(1, (b"content-length", str(len(body)).encode()))
+    if not send_whole(send, status, body, content_type, extra_headers):
+        await send_messages(send, status, body, content_type, extra_headers)
+
+
+def send_whole(
+    send: Send, status: int, body: bytes, content_type: bytes, extra_headers: list[tuple[bytes, bytes]]
+) -> bool:
+    """``send_bytes``'s first way, without a coroutine: True if ``send`` wrote it all at once."""
+    return isinstance(send, WholeSend) and send.whole(status, [(b"content-type", content_type), *extra_headers], body)
+
+
+async def send_messages(
+    send: Send, status: int, body: bytes, content_type: bytes, extra_headers: list[tuple[bytes, bytes]]
+) -> None:
+    """``send_bytes``'s other way: the head (with ``content-length``) and the body as ASGI messages."""
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra_headers]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 

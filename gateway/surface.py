@@ -41,7 +41,7 @@ from starlette.types import Send
 
 from backends.config import BackendConfig
 from gateway.errors import GatewayError, error_body
-from gateway.proxy import Result, StreamWatch, read_usage, send_bytes
+from gateway.proxy import Result, StreamWatch, read_usage, send_bytes, send_messages, send_whole
 from gateway.relay import ClientOut, SseFilter, relay_events, split_events
 from gateway.translate.responses import reshape_upstream_error
 from gateway.wire import SILENCE, WireResponse
@@ -137,7 +137,8 @@ class PassthroughRelay(Relay):
         elif status >= 400:  # SGLang's flat {"object": "error", ...} → OpenAI's envelope, status kept
             status, payload = reshape_upstream_error(status, payload)
             content_type = b"application/json"
-        await send_bytes(send, status, payload, content_type, ctx.headers)
+        if not send_whole(send, status, payload, content_type, ctx.headers):  # the common case: no coroutine
+            await send_messages(send, status, payload, content_type, ctx.headers)
 
 
 class _Translating(SseFilter):

@@ -113,7 +113,7 @@ class WireClient:
                 f"POST {target} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode("latin-1"),
             )
         key, first = known
-        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if k.lower() not in ("host", "content-length"))
+        lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items() if k.lower() not in ("host", "content-length")])
         request = b"%scontent-length: %d\r\n%s\r\n%s" % (first, len(body), lines.encode("latin-1"), body)
         for reused in (True, False):
             conn = self._take_idle(key) if reused else await self._connect(key)

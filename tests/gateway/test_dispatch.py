@@ -64,6 +64,29 @@ async def test_a_request_the_core_dispatches_at_once_does_not_wait(clock: Clock)
         assert d.waiting == 0
 
 
+async def test_admit_now_gives_the_dispatch_at_once_or_the_future_to_wait_on(clock: Clock) -> None:
+    """The request path's two steps: a dispatch given at once comes back without a future; a request
+    that must wait gets its future, registered before anything else can run, and ``wait`` on it
+    returns the dispatch once another finishes (or raises ``Refused`` for a refusal)."""
+    core = seated(t=TeamLimits(max_concurrency=1, max_queue=1))
+    async with _dispatcher(core, clock) as d:
+        first = d.admit_now(facts("r1"))
+        assert isinstance(first, Dispatch) and d.waiting == 0
+        second = d.admit_now(facts("r2"))
+        assert isinstance(second, asyncio.Future) and not second.done() and d.waiting == 1
+        third = d.admit_now(facts("r3"))  # the team's queue is full: refused, through its future
+        assert isinstance(third, asyncio.Future) and third.done()
+        with pytest.raises(Refused):
+            await d.wait(facts("r3"), third)
+        waiting = asyncio.create_task(d.wait(facts("r2"), second))
+        await _settle()
+        assert not waiting.done()
+        clock.now = 1.0
+        d.release("r1", Outcome(prompt_tokens=1000, completion_tokens=10))
+        decision = await asyncio.wait_for(waiting, 1)
+        assert isinstance(decision, Dispatch) and decision.rid == "r2" and d.waiting == 0
+
+
 async def test_a_waiting_request_goes_when_another_of_its_team_finishes(clock: Clock) -> None:
     core = seated(t=TeamLimits(max_concurrency=1, max_queue=4))
     async with _dispatcher(core, clock) as d:
