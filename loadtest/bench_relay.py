@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None) -> None:
         help="override the (branch) gateway's config, e.g. overload.max_lag_ms=500 (repeatable)",
     )
     args = parser.parse_args(argv)
+    if args.floor and not args.short_seconds:
+        parser.error("--floor runs in the short mode: give --short-seconds too")
     policies = [p for p in args.router_policy.split(",") if p]
     if any(p not in ROUTER_POLICIES for p in policies):
         parser.error(f"--router-policy: each of {', '.join(ROUTER_POLICIES)}")
