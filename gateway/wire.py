@@ -313,12 +313,12 @@ class WireResponse(asyncio.Protocol):
         else None (``gateway/proxy.py``'s ``read_body`` waits for it)."""
         if not self.done or self.error is not None:
             return None
-        size = sum(len(part) for part in self.out)
-        if size > limit:
+        if self.pending > limit:  # the bytes waiting in ``out``
             return None
         return self.take() or b""
 
     async def aclose(self) -> None:
+        """``close`` for callers that await (httpx's name)."""
         self.close()
 
     def close(self) -> None:

@@ -264,9 +264,8 @@ def short_mode(targets: list[Target], names: list[str], args: argparse.Namespace
     def per_1000(rows: list[dict[str, Any]]) -> float:
         return sum(r["cpu_s"] for r in rows) / max(1, sum(r["completed"] for r in rows)) * 1000
 
-    refs = names + [FLOOR] * any(t.name == FLOOR for t in targets)
-    heads = _ratio_heads(names, " (rounds)") + (" × floor (rounds) |" if FLOOR in refs else "")
-    print(f"| server | requests | errors | req/s | CPU s | CPU s per 1,000 |{heads}")
+    refs = names + ([FLOOR] if any(t.name == FLOOR for t in targets) else [])
+    print(f"| server | requests | errors | req/s | CPU s | CPU s per 1,000 |{_ratio_heads(refs, ' (rounds)')}")
     print("|---|---|---|---|---|---|" + "---|" * max(1, len(refs)))
     for t in targets:
         rows = [rnd[t.name] for rnd in per_round]
