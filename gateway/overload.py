@@ -2,7 +2,7 @@
 
 Two signals, both local to one worker:
 
-- **event-loop lag**: a monitor task sleeps ``interval_ms`` and measures how late it wakes; the
+- **event-loop lag**: a timer every ``interval_ms`` measures how late its callback runs; the
   worker is behind while the average over about ``window_s`` (an exponential moving average, time
   weighted) exceeds ``max_lag_ms``. A single slow tick (a burst of connections) sheds nothing; a
   loop that stays behind sheds until it has caught up.
@@ -19,7 +19,6 @@ they slow down with the loop. ``lagging()`` also tells the failure classificatio
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -52,26 +51,36 @@ class Overload:
         self.inflight = 0
         self.shed = 0
         self.last_shed = -1e9
-        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._tick_started = 0.0
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._monitor(), name="overload-monitor")
+        """Measure the loop's lag every ``interval_ms``: a timer callback, not a task that sleeps
+        (no task, future and wake-up chain per tick: twenty ticks a second cost ~1% of a short
+        request's CPU at 400 requests/s that way)."""
+        loop = asyncio.get_running_loop()
+        self._tick_started = loop.time()
+        self._timer = loop.call_at(self._tick_started + self.config.interval_ms / 1000, self._tick, loop)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-    async def _monitor(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Measured one step later, where a task woken by this timer would run (as asyncio.sleep's
+        # waker): the lag includes the loop turn that wake-up waits for.
+        loop.call_soon(self._measure, loop)
+
+    def _measure(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is None:
+            return  # stopped
         interval = self.config.interval_ms / 1000
-        while True:
-            before = loop.time()
-            await asyncio.sleep(interval)
-            elapsed = loop.time() - before
-            self.observe(elapsed - interval, elapsed)
+        now = loop.time()
+        elapsed = now - self._tick_started
+        self.observe(elapsed - interval, elapsed)
+        self._tick_started = now
+        self._timer = loop.call_at(now + interval, self._tick, loop)
 
     def observe(self, lag_s: float, elapsed_s: float, now: float | None = None) -> None:
         """One measurement: the loop ran ``lag_s`` late over a tick of ``elapsed_s`` (monitor or test)."""
@@ -92,7 +101,7 @@ class Overload:
         may run a timeout's callback before the monitor has measured the stall."""
         now = time.monotonic() if now is None else now
         overdue = now - self.last_tick > (self.config.interval_ms + self.config.max_lag_ms) / 1000
-        return now < self.late_until or (self._task is not None and overdue)
+        return now < self.late_until or (self._timer is not None and overdue)
 
     def reason(self) -> str | None:
         """Why a new request would be shed now, or None to admit it."""

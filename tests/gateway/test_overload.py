@@ -98,9 +98,9 @@ def test_sustained_lag_sheds_a_single_slow_tick_does_not() -> None:
     assert not ov.lagging(now=10.0) and ov.reason() is None
     ov.observe(0.2, 0.25, now=10.0)  # one slow tick: timeouts now are not the backend's fault ...
     assert ov.lagging(now=10.5) and not ov.lagging(now=11.1)
-    ov._task = object()  # type: ignore[assignment]  # as if the monitor were running
+    ov._timer = object()  # type: ignore[assignment]  # as if the monitor were running
     assert ov.lagging(now=10.0 + 0.05 + 0.1 + 0.01), "the monitor overdue: the loop is stalled now"
-    ov._task = None
+    ov._timer = None
     assert ov.reason() is None, "... but it alone sheds nothing"
     for _ in range(5):  # the loop stays behind
         ov.observe(0.2, 0.25, now=10.0)

@@ -46,7 +46,7 @@ async def test_a_worker_behind_sheds_every_surface_in_its_envelope(upstream: Fak
     async with running(config(upstream.url)) as (app, client):
         ov = app.state.gateway.overload
         ov.avg_lag_s = 10.0  # as if the loop had been 10 s late on average
-        ov._task.cancel()  # and stays so: the monitor would measure the (idle) test loop catching up
+        await ov.stop()  # and stays so: the monitor would measure the (idle) test loop catching up
         for path, body in BODIES.items():
             response = await client.post(path, json=body)
             _overloaded(path, response.status_code, dict(response.headers), response.content)
