@@ -98,8 +98,8 @@ class Dispatcher:
         return future
 
     def _park(self, rid: str, future: asyncio.Future[Decision]) -> None:
-        """``rid`` waits on ``future``; the tick loop runs while anyone waits (a worker with no queue
-        wakes for nothing: ten wake-ups a second were ~1% of a short request's CPU at 400/s)."""
+        """``rid`` waits on ``future``; the tick loop runs while anyone waits (an idle worker does not
+        wake ten times a second for nothing)."""
         self._waiting[rid] = future
         if self._ticker is None and self._loop is not None:
             self._ticker = self._loop.create_task(self._tick_loop(), name="dispatch-tick")

@@ -39,7 +39,7 @@ MESSAGE = "This gateway worker is overloaded; retry shortly."
 
 
 class Overload:
-    """The worker's own load: loop lag (from the monitor task) and requests in flight."""
+    """The worker's own load: loop lag (from the monitor's timer) and requests in flight."""
 
     def __init__(self, config: OverloadConfig) -> None:
         self.config = config
@@ -56,8 +56,8 @@ class Overload:
 
     def start(self) -> None:
         """Measure the loop's lag every ``interval_ms``: a timer callback, not a task that sleeps
-        (no task, future and wake-up chain per tick: twenty ticks a second cost ~1% of a short
-        request's CPU at 400 requests/s that way)."""
+        (no task, future and task step per tick, twenty ticks a second: with the dispatcher's idle
+        ticks, about a fifth of an idle worker's CPU; docs/benchmarks.md "The short request, fifth pass")."""
         loop = asyncio.get_running_loop()
         self._tick_started = loop.time()
         self._timer = loop.call_at(self._tick_started + self.config.interval_ms / 1000, self._tick, loop)

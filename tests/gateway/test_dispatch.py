@@ -178,6 +178,31 @@ async def test_the_tick_loop_times_out_a_long_wait(clock: Clock) -> None:
         assert refused.value.refusal.code == "queue_timeout"
 
 
+def _tickers() -> int:
+    return sum(1 for t in asyncio.all_tasks() if t.get_name() == "dispatch-tick" and not t.done())
+
+
+async def test_the_tick_loop_runs_only_while_a_request_waits(clock: Clock) -> None:
+    core = seated(t=TeamLimits(max_concurrency=1, max_queue=4, queue_timeout_s=5))
+    async with _dispatcher(core, clock) as d:
+        await d.admit(facts("r1"))
+        await _settle()
+        assert _tickers() == 0, "nobody waits: nothing to tick"
+        waiting = asyncio.create_task(d.admit(facts("r2")))
+        await _settle()
+        assert _tickers() == 1 and d.waiting == 1
+        d.release("r1", Outcome())
+        assert isinstance(await asyncio.wait_for(waiting, 1), Dispatch)
+        await asyncio.sleep(0.05)  # the loop's next tick finds nobody waiting and ends
+        assert _tickers() == 0
+        third = asyncio.create_task(d.admit(facts("r3")))  # a new wait starts it again
+        await _settle()
+        assert _tickers() == 1
+        third.cancel()
+        await asyncio.sleep(0.05)
+        assert _tickers() == 0 and d.waiting == 0
+
+
 async def test_a_retry_goes_elsewhere_or_is_refused(clock: Clock) -> None:
     async with _dispatcher(registry.build("direct"), clock) as d:
         first = await d.admit(facts("r1"))
