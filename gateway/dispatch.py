@@ -62,8 +62,7 @@ class Dispatcher:
     async def stop(self) -> None:
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
-        await cancel_and_wait([self._ticker])
-        self._ticker = None
+        await cancel_and_wait([self._ticker])  # its loop's finally forgets it
         self._loop = None
 
     @property
