@@ -18,6 +18,8 @@ router's. ``--short-seconds`` adds a short-request mode: keep-alive clients send
 requests, CPU per 1,000, in ``--short-rounds`` rounds alternating the servers; ``--floor`` adds
 the floor to it (loadtest/floor_proxy.py: the same server and upstream client with no gateway
 between them), so that the gateway's own share of a request is measured in the same run.
+The Python servers run on this interpreter (printed at the start): run the benchmark from a venv of
+the interpreter to measure (the image's is an optimized build; a venv's may not be).
 ``--pin`` keeps each server (gateway workers, baseline, router) on the last ``--workers`` CPUs and
 the upstream and load generator on the others, so that on a small machine the harness does not
 take the server's core (one worker is one core); ``--repeat N`` runs each level N times against
@@ -232,6 +234,15 @@ def start_floor(stack: contextlib.ExitStack, upstream: str, cpus: set[int] | Non
     return Target(FLOOR, port, proc.pid)
 
 
+def interpreter() -> str:
+    """The Python the gateway, baseline and floor run on (this one: ``sys.executable``). Its build
+    moves their CPU: docs/benchmarks.md, "The short request, sixth pass: the interpreter"."""
+    with open("/proc/self/maps") as maps:
+        shared = next((line.split()[-1] for line in maps if "/libpython" in line), None)
+    build = f"libpython shared ({shared})" if shared else "libpython linked in"
+    return f"Python {sys.version.split()[0]} at {os.path.realpath(sys.executable)}, {build}"
+
+
 def _ratio_heads(names: list[str], note: str = "") -> str:
     """The ``× router`` column heads of a table: one per router, named by its policy."""
     return "".join(f" × {n.removeprefix('sglang-router ')}{note} |" for n in names) or " × router |"
@@ -391,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{'' if not names else '; ' + ', '.join(names)}"
             f"{', Redis ' + args.redis_url if args.redis_url else ', no Redis'}; load generator: its own process"
             + (f"; servers on CPU {sorted(servers)}, harness on {sorted(harness or ())}" if servers else "")
-            + "\n"
+            + f"\ngateway, baseline and floor on {interpreter()}\n"
         )
         print(
             f"| streams | server | completed | errors | CPU s | CPU/chunk µs |{_ratio_heads(names)} RSS MB | "

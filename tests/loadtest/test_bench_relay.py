@@ -45,3 +45,5 @@ def test_bench_relay_smoke() -> None:
     floor = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| floor |")]
     assert floor and int(floor[0][1]) == int(short[0][1]) and floor[0][2].strip() == "0", out
     assert "× floor" in out and float(short[0][6].split()[0]) > 0, out
+    # which interpreter the servers ran on (its build moves their CPU)
+    assert f"gateway, baseline and floor on Python {sys.version.split()[0]} at " in out, out
