@@ -6,13 +6,9 @@ clients that left) and counted in ``cachegate_http_requests_total{method, route,
 label whatever clients send. The request path fills the request's ``AccessRecord`` (team,
 backend, queue wait, time to first token, refusal code).
 
-Lines go to stderr, written here, not through Python's ``logging``: a record made, filtered,
-formatted and handled per request was ~12% of a short request's CPU (docs/benchmarks.md, "The short
-request, second pass"). They are written in batches (``LineBuffer``): a line waits at most
-``FLUSH_S`` (0.1 s), a batch is at most ``PIPE_BUF`` bytes (so that the workers of one replica,
-sharing one stderr pipe, never cut into each other's lines), and whatever waits is written when the
-app shuts down and at exit; a worker killed outright loses at most its last 0.1 s of lines. One
-``write`` per line was ~5% of a short request's CPU ("The short request, seventh pass"). ``text`` lines keep
+Lines go to stderr, written here (one ``write`` of one line each, stderr being line-buffered), not
+through Python's ``logging``: a record made, filtered, formatted and handled per request was ~12% of
+a short request's CPU (docs/benchmarks.md, "The short request, second pass"). ``text`` lines keep
 the other log lines' layout (``2026-12-01 09:28:39,895 INFO cachegate.access: POST /v1/...
 status=200 ...``); ``json`` lines are one bare object each; ``access_log`` in the config or
 ``--access-log`` chooses, ``off`` silences.
@@ -20,8 +16,6 @@ status=200 ...``); ``json`` lines are one bare object each; ``access_log`` in th
 
 from __future__ import annotations
 
-import asyncio
-import atexit
 import sys
 import time
 from collections.abc import Collection, Sequence
@@ -117,64 +111,12 @@ class _Clock:
 _CLOCK = _Clock()
 
 
-PIPE_BUF = 4096
-"""Bytes one ``write`` to a pipe may carry without another process's write landing inside it (POSIX)."""
-FLUSH_S = 0.1
-"""The longest a line waits in the buffer."""
-
-
-class LineBuffer:
-    """Lines for stderr, written in batches: when the next line would take the batch past
-    ``PIPE_BUF`` bytes (counted as 4 bytes a character unless ASCII), ``FLUSH_S`` after the batch's
-    first line (a timer on the running loop; with no loop running, at once), and on ``flush``."""
-
-    __slots__ = ("lines", "loop", "size", "timer")
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.size = 0
-        self.timer: asyncio.TimerHandle | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    def write(self, line: str) -> None:
-        size = len(line) if line.isascii() else 4 * len(line)
-        if self.lines and self.size + size > PIPE_BUF:
-            self.flush()
-        self.lines.append(line)
-        self.size += size
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self.flush()
-            return
-        if self.timer is None or loop is not self.loop:  # (a loop that ended with its timer unrun)
-            if self.timer is not None:
-                self.timer.cancel()
-            self.timer, self.loop = loop.call_later(FLUSH_S, self.flush), loop
-
-    def flush(self) -> None:
-        """Write what waits (stderr looked up now: a test's capture, or a reopened stream)."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.lines:
-            text = "".join(self.lines)
-            self.lines.clear()
-            self.size = 0
-            sys.stderr.write(text)
-
-
-LINES = LineBuffer()
-"""The process's access-log lines (its workers are processes: one buffer each)."""
-atexit.register(LINES.flush)
-
-
 def write_line(record: AccessRecord, fmt: AccessFormat) -> None:
-    """One access-log line for stderr (``LINES``: written within ``FLUSH_S``)."""
+    """One access-log line on stderr (looked up per line: a test's capture, or a reopened stream)."""
     if fmt == "json":
-        LINES.write(record.json() + "\n")
+        sys.stderr.write(record.json() + "\n")
     elif fmt == "text":
-        LINES.write(f"{_CLOCK.stamp(time.time())} INFO cachegate.access: {record.text()}\n")
+        sys.stderr.write(f"{_CLOCK.stamp(time.time())} INFO cachegate.access: {record.text()}\n")
 
 
 class AccessLog:

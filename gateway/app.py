@@ -20,7 +20,6 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import admin, exposure
-from gateway.access import LINES as ACCESS_LINES
 from gateway.access import AccessLog
 from gateway.client_routes import routes as client_routes
 from gateway.config import Config
@@ -135,7 +134,6 @@ def create_app(
             await gw.stop()
             for surface in surfaces:
                 await surface.close()
-            ACCESS_LINES.flush()  # the lines of the last requests: their timer would not run now
 
     # The surfaces' endpoints, handed their POSTs by the overload guard (gateway/overload.py) directly.
     direct = {path: RequestPath(gw, s) for s in surfaces for path in (s.path, ALSO_AT.get(s.path)) if path}

@@ -44,9 +44,6 @@ class Lines:
 
 @pytest.fixture()
 def access(capsys: pytest.CaptureFixture[str]) -> Lines:
-    from gateway.access import LINES
-
-    LINES.flush()  # an earlier test's lines, had its loop ended before their timer ran
     capsys.readouterr()
     return Lines(capsys)
 
@@ -179,56 +176,3 @@ def test_text_lines_keep_their_format() -> None:
     )
     bare = AccessRecord("GET", "unknown", "/nope", 404, queue_wait_s=0.0, duration_s=0.0004)
     assert bare.text() == "GET /nope status=404 route=unknown queue_wait_s=0.000 duration_s=0.000"
-
-
-class _Recorder:
-    """A stand-in stderr that keeps each ``write`` apart (the batches the buffer made)."""
-
-    def __init__(self) -> None:
-        self.writes: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.writes.append(text)
-        return len(text)
-
-
-async def test_lines_are_written_in_batches_within_the_flush_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    import asyncio
-
-    from gateway.access import FLUSH_S, PIPE_BUF, LineBuffer
-
-    err = _Recorder()
-    monkeypatch.setattr("sys.stderr", err)
-    buf = LineBuffer()
-    for i in range(3):
-        buf.write(f"line {i}\n")
-    assert err.writes == [], "a line waits for its batch"
-    await asyncio.sleep(FLUSH_S * 1.5)
-    assert err.writes == ["line 0\nline 1\nline 2\n"], "one write, at most FLUSH_S after the first line"
-
-    err.writes.clear()
-    lines = [f"{i:04d} " + "x" * 95 + "\n" for i in range(100)]  # 100 bytes each
-    for line in lines:
-        buf.write(line)
-    buf.flush()
-    assert "".join(err.writes) == "".join(lines), "every line, in order"
-    assert all(len(w.encode()) <= PIPE_BUF for w in err.writes), "no batch another worker's write could cut into"
-    assert len(err.writes) == 3 and all(w.endswith("\n") for w in err.writes), "whole lines, 40 to a batch"
-
-    err.writes.clear()
-    wide = "é" * 1100 + "\n"  # 2,201 bytes, counted as 4,401: with "a\n" it may not fit
-    buf.write("a\n")
-    buf.write(wide)
-    buf.flush()
-    assert err.writes == ["a\n", wide], "a line that may not fit by its bytes starts a batch of its own"
-    assert buf.timer is None
-
-
-def test_without_a_running_loop_a_line_is_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.access import LineBuffer
-
-    err = _Recorder()
-    monkeypatch.setattr("sys.stderr", err)
-    buf = LineBuffer()
-    buf.write("now\n")
-    assert err.writes == ["now\n"] and buf.timer is None
