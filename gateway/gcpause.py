@@ -13,12 +13,12 @@ measured with ``gc.DEBUG_SAVEALL``).
 
 A young collection waits for 10,000 more tracked objects than were freed (CPython's default 700),
 and every other one also collects the middle generation (default: every tenth). At 700 a worker
-serving short requests ran a young collection every ~18 requests, each walking the requests then in
-flight, not garbage, and promoting them: ~6% of a short request's CPU. At 10,000 it runs none in
+serving short requests ran a young collection every ~17 requests, each walking the requests then in
+flight, not garbage, and promoting them: 12 µs a request, 3-4% of its CPU. At 10,000 it runs none in
 steady state (the net growth is a few objects per request), and in a burst each pause stays short:
 a young collection walks at most 10,000 objects, a middle one at most those and the survivors of
-one young collection, not ten (20,000 with the default 10 gave 100-110 ms middle collections at 2,000
-streams). docs/benchmarks.md, "The short request, seventh pass: the young generation".
+one young collection, not ten (20,000 with the default 10 gave 100-110 ms middle collections at
+2,000 streams). docs/benchmarks.md, "The short request, seventh pass: the young generation".
 
 Only in a process that ``cachegate serve`` started (``ENV``, set by gateway/serve.py and inherited
 by its workers): an app started in a test process leaves that process's collector alone.
