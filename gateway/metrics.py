@@ -16,10 +16,16 @@ Gauges say how to merge: per-team in-flight and queued are summed over live work
 is the most recent value any live worker polled, Redis degraded is the max. **Multiprocess mode
 has no exemplars** (prometheus-client does not store them across processes): run one worker per
 container and scale with replicas when you want exemplars.
+
+Updates are batched (:class:`_Batched`): a request adds to plain numbers, pushed into
+prometheus-client's values before every collection and exposition, at shutdown, and, in a worker of
+several, every ``Metrics.FLUSH_S`` (0.5 s): a sibling's scrape sees a worker's counts that much
+later, and a worker killed outright loses at most its last half second of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import os
@@ -45,12 +51,100 @@ ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 60, 120, 300, 600, 1200, 2400)
 
 
+_PENDING: list[_Batched] = []
+"""The children updated since the last :func:`flush` (each once)."""
+
+
+def flush() -> None:
+    """Push every batched update into prometheus-client's values (see :class:`_Batched`). Called before
+    every collection and exposition, at a worker's shutdown, and every ``Metrics.FLUSH_S`` in a worker
+    of several (its siblings read its files)."""
+    global _PENDING
+    batch, _PENDING = _PENDING, []
+    for item in batch:
+        item.flush()
+
+
+class _Batched:
+    """A labelled child's updates as plain additions, pushed into the child at the next :func:`flush`.
+
+    prometheus-client's own update checks the child and takes a lock (~0.35 µs a counter here, eight
+    counter and gauge updates a short request: 5.5% of its instructions, docs/benchmarks.md "The
+    short request, eighth pass"). Here an update is an addition, and the push goes through the
+    child's public ``inc``/``set``; a collection or an exposition flushes first, so what is read is
+    current. All updates come from the event loop's thread."""
+
+    __slots__ = ("_child", "_dirty")
+
+    def __init__(self, child: Any) -> None:
+        self._child = child
+        self._dirty = False
+
+    def _mark(self) -> None:
+        self._dirty = True
+        _PENDING.append(self)
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+
+class _CounterBatch(_Batched):
+    __slots__ = ("_n",)
+
+    def __init__(self, child: Any) -> None:
+        super().__init__(child)
+        self._n = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self._n += amount
+        if not self._dirty:
+            self._mark()
+
+    def flush(self) -> None:
+        n, self._n, self._dirty = self._n, 0.0, False
+        if n:
+            self._child.inc(n)
+
+
+class _GaugeBatch(_Batched):
+    """``inc`` and ``dec`` are batched as one delta; ``set`` is immediate and drops the delta."""
+
+    __slots__ = ("_delta",)
+
+    def __init__(self, child: Any) -> None:
+        super().__init__(child)
+        self._delta = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        self._delta += amount
+        if not self._dirty:
+            self._mark()
+
+    def dec(self, amount: float = 1) -> None:
+        self._delta -= amount
+        if not self._dirty:
+            self._mark()
+
+    def set(self, value: float) -> None:
+        self._delta = 0.0
+        self._child.set(value)
+
+    def flush(self) -> None:
+        delta, self._delta, self._dirty = self._delta, 0.0, False
+        if delta:
+            self._child.inc(delta)
+
+
 class _CachedLabels:
-    """``labels(*values)`` from a dict once a label set has been seen: prometheus-client's own
-    lookup (argument checks, ``str()`` of each value, a lock) cost ~5% of a short request, which
-    looks up about a dozen. Children are never removed here, so the cache cannot go stale."""
+    """``labels(*values)`` from a dict once a label set has been seen (batched where the metric's
+    type allows, :class:`_Batched`): prometheus-client's own lookup (argument checks, ``str()`` of
+    each value, a lock) cost ~5% of a short request, which looks up about a dozen. Children are never
+    removed here, so the cache cannot go stale."""
 
     _cached: dict[tuple[Any, ...], Any]
+    _batch: type[_Batched] | None = None
 
     def labels(self, *values: Any, **kwargs: Any) -> Any:
         if kwargs:
@@ -61,20 +155,28 @@ class _CachedLabels:
             self._cached = {}
         except KeyError:
             pass
-        child = self._cached[values] = super().labels(*values)  # type: ignore[misc]
+        child = super().labels(*values)  # type: ignore[misc]
+        if self._batch is not None:
+            child = self._batch(child)
+        self._cached[values] = child
         return child
+
+    def collect(self) -> Any:
+        flush()
+        return super().collect()  # type: ignore[misc]
 
 
 class Counter(_CachedLabels, prometheus_client.Counter):
-    pass
+    _batch = _CounterBatch
 
 
 class Gauge(_CachedLabels, prometheus_client.Gauge):
-    pass
+    _batch = _GaugeBatch
 
 
 class Histogram(_CachedLabels, prometheus_client.Histogram):
-    pass
+    """Observed directly: a batch of observations could only be pushed in through the histogram's
+    private bucket values (prometheus-client has no public way to add n to a bucket)."""
 
 
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 60, 120, 300)
@@ -131,8 +233,12 @@ class Metrics:
     """One worker's metrics. In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set before the first
     metric is made) the samples live in that directory's files and :meth:`exposition` merges them."""
 
+    FLUSH_S = 0.5
+    """How often a worker of several pushes its batched updates to its files (see :func:`flush`)."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.multiprocess_dir = multiprocess_dir()
+        self._timer: asyncio.TimerHandle | None = None
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -263,6 +369,7 @@ class Metrics:
     def exposition(self, accept: str = "") -> tuple[bytes, str]:
         """The ``/metrics`` body and its content type, in the format ``accept`` asks for."""
         encoder, content_type = choose_encoder(accept)
+        flush()
         if self.multiprocess_dir is None:
             return encoder(self.registry), content_type
         reap_dead_workers(self.multiprocess_dir)
@@ -270,7 +377,24 @@ class Metrics:
         multiprocess.MultiProcessCollector(merged, self.multiprocess_dir)
         return encoder(merged), content_type
 
+    def start(self) -> None:
+        """In a worker of several, flush every ``FLUSH_S``: ``/metrics`` may be answered by a sibling,
+        which reads this worker's files (so a sibling's view lags by at most that)."""
+        if self.multiprocess_dir is None or self._timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def tick() -> None:
+            flush()
+            self._timer = loop.call_later(self.FLUSH_S, tick)
+
+        self._timer = loop.call_later(self.FLUSH_S, tick)
+
     def close(self) -> None:
         """A worker shutting down: its live gauges stop counting (its counters stay)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        flush()
         if self.multiprocess_dir is not None:
             multiprocess.mark_process_dead(os.getpid(), self.multiprocess_dir)

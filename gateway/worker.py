@@ -111,6 +111,7 @@ class Gateway:
         )
         self.pool.subscribe(self._backends_changed)
         self.metrics.init_labels(self.config.teams, (b.name for b in self.pool.all()))
+        self.metrics.start()
         self.dispatcher.start()
         self.overload.start()
         await self.state.start()

@@ -1,5 +1,6 @@
 """``cachegate serve --workers 2``: metrics in prometheus-client multiprocess mode add up over the
-workers, whichever worker answers the scrape, and survive a worker that dies."""
+workers, whichever worker answers the scrape (each worker's counts within ``Metrics.FLUSH_S``), and
+survive a worker that dies."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from backends.sim.server import DEFAULT_MODEL
 from backends.sim.testing import run_twin
+from gateway.metrics import Metrics
 from tests.conftest import _need_redis
 from tests.harness import run_gateway
 
@@ -114,6 +116,11 @@ def test_two_workers_count_every_request(workers_redis: str, tmp_path: Path) -> 
             assert "1" not in writers(), "the stale file of an earlier run was not removed"
             assert len(writers()) >= 2, f"only {writers()} wrote counters in {sent} requests: both workers must serve"
 
+            # Each worker pushes its counts to its file within Metrics.FLUSH_S (the one answering, at
+            # once): wait that long for the totals, then every scrape, in either format, has them all.
+            deadline = time.monotonic() + 10 * Metrics.FLUSH_S
+            while _requests_total(httpx.get(base + "/metrics").text, False) < sent and time.monotonic() < deadline:
+                time.sleep(Metrics.FLUSH_S / 4)
             for i in range(6):
                 om = i % 2 == 0
                 r = httpx.get(base + "/metrics", headers={"accept": OPENMETRICS if om else "text/plain"})
