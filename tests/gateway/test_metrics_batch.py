@@ -1,6 +1,6 @@
-"""Batched metric updates (``gateway/metrics.py``, ``_Batched``): what a scrape shows is what
-prometheus-client's own updates would have shown, histograms (observed directly) and their
-exemplars beside them."""
+"""Batched counters and gauges and one process's histograms (``gateway/metrics.py``, ``_Batched``,
+``LocalHistogram``): what a scrape shows is what prometheus-client's own metrics would have shown,
+series by series, exemplars included."""
 
 from __future__ import annotations
 
@@ -13,23 +13,24 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from gateway import metrics as metrics_module
-from gateway.metrics import TTFT_BUCKETS, Counter, Gauge, Histogram, Metrics
+from gateway.metrics import TTFT_BUCKETS, Counter, Gauge, LocalHistogram, Metrics
 
 
 def _scrape(registry: CollectorRegistry) -> dict[str, float]:
-    """Each series of the text exposition and its value, but ``_created`` (a metric's own birth)."""
+    """Each series of the text exposition and its value; a ``_created`` one's value (its time of
+    birth) as 0."""
     lines = generate_latest(registry).decode().splitlines()
-    series = dict(ln.rsplit(" ", 1) for ln in lines if not ln.startswith("#") and "_created" not in ln)
-    return {name: float(value) for name, value in series.items()}
+    series = dict(ln.rsplit(" ", 1) for ln in lines if not ln.startswith("#"))
+    return {name: 0.0 if "_created" in name else float(value) for name, value in series.items()}
 
 
-def _pair() -> tuple[CollectorRegistry, CollectorRegistry, tuple[Counter, Gauge, Histogram], tuple[object, ...]]:
+def _pair() -> tuple[CollectorRegistry, CollectorRegistry, tuple[Counter, Gauge, LocalHistogram], tuple[object, ...]]:
     ours, theirs = CollectorRegistry(), CollectorRegistry()
     labels = ["team"]
     batched = (
         Counter("c", "a counter", labels, registry=ours),
         Gauge("g", "a gauge", labels, registry=ours),
-        Histogram("h", "a histogram", labels, buckets=TTFT_BUCKETS, registry=ours),
+        LocalHistogram("h", "a histogram", labels, buckets=TTFT_BUCKETS, registry=ours),
     )
     plain = (
         prometheus_client.Counter("c", "a counter", labels, registry=theirs),
@@ -64,6 +65,12 @@ def test_batched_updates_scrape_as_prometheus_clients_own() -> None:
     g.labels("b").set(42)
     pg.labels("b").set(42)  # type: ignore[attr-defined]
     assert _scrape(ours) == pytest.approx(_scrape(theirs), rel=1e-12)  # sums: added in another order
+
+    # OpenMetrics (what Prometheus scrapes): the same families, series and order
+    def om_series(registry: CollectorRegistry) -> list[str]:
+        return [ln.split(" # ")[0].rsplit(" ", 1)[0] for ln in generate_openmetrics(registry).decode().splitlines()]
+
+    assert om_series(ours) == om_series(theirs)
     # exemplars: the last one per bucket; their time stamps are the update's own, so equal only in value
     ours_om = [
         ln.split(" # ")[1].rsplit(" ", 1)[0] for ln in generate_openmetrics(ours).decode().splitlines() if " # " in ln
