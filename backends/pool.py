@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -117,6 +117,39 @@ class Backend:
 Listener = Callable[[str, list[BackendView]], None]
 
 
+class Reply(Protocol):
+    """A whole answer to a GET (``httpx.Response`` is one)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    def json(self) -> Any: ...
+
+
+class Getter(Protocol):
+    """What the pool's health checks and load polls GET with: errors are httpx's exception types."""
+
+    async def get(self, url: str, headers: dict[str, str], timeout_s: float) -> Reply: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HttpxGetter:
+    """A ``Getter`` on httpx (a pool outside the gateway: tests, tools)."""
+
+    def __init__(self, connections: int, keepalive_expiry_s: float) -> None:
+        limits = httpx.Limits(
+            max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=keepalive_expiry_s
+        )
+        self.client = httpx.AsyncClient(limits=limits, trust_env=False)
+
+    async def get(self, url: str, headers: dict[str, str], timeout_s: float) -> Reply:
+        return await self.client.get(url, headers=headers, timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
 class BackendPool:
     def __init__(
         self,
@@ -125,21 +158,16 @@ class BackendPool:
         *,
         polled: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        client: Getter | None = None,
     ) -> None:
-        """``polled`` False: a pool that is never started, fed by its caller (the simulator)."""
+        """``polled`` False: a pool that is never started, fed by its caller (the simulator).
+        ``client``: what its checks and polls GET with (the gateway gives its lean client, a
+        ``gateway.wire_pool.WireClient`` of their own; by default one of httpx)."""
         self.config = config
         n = max(1, sum(len(m.backends) for m in config.models.values()))
-        # Its own connections: at most a check and a poll per backend at a time.
-        self.client: httpx.AsyncClient | None = (
-            httpx.AsyncClient(
-                limits=httpx.Limits(
-                    max_connections=2 * n + 2, max_keepalive_connections=2 * n + 2, keepalive_expiry=keepalive_expiry_s
-                ),
-                trust_env=False,
-            )
-            if polled
-            else None
-        )
+        # Its own connections (at most a check and a poll per backend at a time), never the requests':
+        # a full request budget cannot starve a health check.
+        self.client: Getter | None = (client or _HttpxGetter(2 * n + 2, keepalive_expiry_s)) if polled else None
         self.models: dict[str, list[Backend]] = {
             alias: [
                 Backend(
@@ -207,11 +235,9 @@ class BackendPool:
             await asyncio.sleep(self.config.health.load_interval_s)
             await asyncio.gather(*(self._poll_load(b) for b in self.all() if b.healthy))
 
-    async def _get(self, backend: Backend, path: str) -> httpx.Response:
+    async def _get(self, backend: Backend, path: str) -> Reply:
         assert self.client is not None, "a pool without a client is fed by its caller, never polled"
-        return await self.client.get(
-            backend.url + path, headers=backend.headers(), timeout=self.config.health.timeout_s
-        )
+        return await self.client.get(backend.url + path, backend.headers(), self.config.health.timeout_s)
 
     async def _check(self, backend: Backend, first: bool = False) -> None:
         try:

@@ -152,7 +152,7 @@ class Upstream:
         span = trace.upstream(backend.name, url, headers)  # adds traceparent
         m = self.metrics
         try:
-            response = await self.client.post(url, headers, call.body)
+            response = await self.client.send("POST", url, headers, call.body)
         except httpx.PoolTimeout as exc:  # our own connection budget, not the backend: refuse, blame nobody
             span.failed("connect", exc)
             exchange.error = GatewayError(

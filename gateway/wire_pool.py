@@ -1,7 +1,8 @@
 """The connection pool of the lean upstream client (gateway/wire.py): keep-alive connections per
 (scheme, host, port) for ``keepalive_expiry_s``, a budget of open connections (a caller waits up to
-the connect timeout for a slot: ``PoolTimeout``), and ``post``, which sends a request and waits for
-the response head. Errors are httpx's exception types.
+the connect timeout for a slot: ``PoolTimeout``), ``post``, which sends a request and waits for the
+response head, and ``get``, which reads a small answer whole (the backend pool's checks and polls,
+on a client of their own). Errors are httpx's exception types.
 """
 
 from __future__ import annotations
@@ -10,11 +11,28 @@ import asyncio
 import contextlib
 import ssl
 from collections import deque
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 from gateway.wire import WireResponse
+
+GET_LIMIT = 4 << 20
+"""The largest answer ``get`` reads (``/openapi.json`` is the biggest the pool asks for, ~100 KB)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WireReply:
+    """A whole answer to ``WireClient.get``: what the pool reads of httpx's ``Response``."""
+
+    status_code: int
+    content: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.content)
 
 
 class WireClient:
@@ -29,7 +47,7 @@ class WireClient:
         self.open = 0
         self._freed: deque[asyncio.Future[None]] = deque()
         self._ssl: ssl.SSLContext | None = None
-        self._targets: dict[str, tuple[tuple[str, str, int], bytes]] = {}
+        self._targets: dict[tuple[str, str], tuple[tuple[str, str, int], bytes]] = {}
 
     def put_back(self, conn: WireResponse) -> None:
         assert conn.transport is not None
@@ -101,16 +119,40 @@ class WireClient:
         return conn
 
     async def post(self, url: str, headers: dict[str, str], body: bytes) -> WireResponse:
-        """Send ``POST url`` and wait for the response head; the body is read with ``receive``."""
-        known = self._targets.get(url)
+        """``send("POST", ...)`` (the request path calls ``send`` itself: a coroutine less)."""
+        return await self.send("POST", url, headers, body)
+
+    async def get(self, url: str, headers: dict[str, str], timeout_s: float) -> WireReply:
+        """``GET url`` read whole (at most ``GET_LIMIT`` bytes) within ``timeout_s``, else
+        ``httpx.ReadTimeout`` (the pool's health checks and load polls)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await self.send("GET", url, headers, b"")
+                try:
+                    parts: list[bytes] = []
+                    size = 0
+                    while chunk := await response.receive():
+                        size += len(chunk)
+                        if size > GET_LIMIT:
+                            raise httpx.DecodingError(f"GET {url}: more than {GET_LIMIT} bytes")
+                        parts.append(chunk)
+                finally:
+                    response.close()
+        except TimeoutError:
+            raise httpx.ReadTimeout(f"GET {url}: no whole answer in {timeout_s:g} s") from None
+        return WireReply(response.status_code, b"".join(parts))
+
+    async def send(self, method: str, url: str, headers: dict[str, str], body: bytes) -> WireResponse:
+        """Send ``method url`` and wait for the response head; the body is read with ``receive``."""
+        known = self._targets.get((method, url))
         if known is None:
             parts = urlsplit(url)
             scheme = parts.scheme
             port = parts.port or (443 if scheme == "https" else 80)
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            known = self._targets[url] = (
+            known = self._targets[(method, url)] = (
                 (scheme, parts.hostname or "", port),
-                f"POST {target} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode("latin-1"),
+                f"{method} {target} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode("latin-1"),
             )
         key, first = known
         lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items() if k.lower() not in ("host", "content-length")])

@@ -95,11 +95,16 @@ class Gateway:
     async def start(self) -> None:
         up = self.config.upstream
         # Every surface's requests go through the lean client; health checks and load polls have a
-        # client of their own inside the pool, so a full request budget cannot starve them.
+        # client of their own, so a full request budget cannot starve them.
         self.wire = WireClient(
             up.connect_timeout_s, up.idle_timeout_s, up.keepalive_expiry_s, self.config.upstream_connections()
         )
-        self.pool = BackendPool(self.config, up.keepalive_expiry_s)
+        # Health checks and load polls on a lean client of their own (httpx cost ~2.4M instructions a
+        # poll, most of an idle worker's CPU), with a budget of their own.
+        health = self.config.health
+        backends = max(1, sum(len(m.backends) for m in self.config.models.values()))
+        checks = WireClient(health.timeout_s, health.timeout_s, up.keepalive_expiry_s, 2 * backends + 2)
+        self.pool = BackendPool(self.config, up.keepalive_expiry_s, client=checks)
         self._upstream = Upstream(
             self.wire,
             self.pool,

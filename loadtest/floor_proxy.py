@@ -52,8 +52,8 @@ class FloorProxy:
             parts.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        response = await self.client.post(
-            self.upstream + scope["path"], {"content-type": "application/json"}, b"".join(parts)
+        response = await self.client.send(
+            "POST", self.upstream + scope["path"], {"content-type": "application/json"}, b"".join(parts)
         )
         try:
             body = await read_body(response)

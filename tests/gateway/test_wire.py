@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway import wire_pool
 from gateway.proxy import Result, StreamWatch, read_body
 from gateway.relay import relay_sse
 from gateway.wire import SILENCE
@@ -234,3 +235,45 @@ async def test_idle_connection_to_another_upstream_gives_its_slot_up() -> None:
             assert b"".join([p async for p in response.aiter_raw()]) == b"{}"
             await response.aclose()
         assert wc.open == 1
+
+
+async def test_get_reads_a_small_answer_whole_on_a_kept_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool's checks and polls (``WireClient.get``): a GET line, the answer read whole, the
+    connection reused for the next one; a silent server is a ``ReadTimeout``, an answer past the
+    limit refused, a closed port a ``ConnectError`` (all ``httpx.HTTPError``, as the pool catches)."""
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            seen.append(head.split(b"\r\n")[0])
+            path = head.split(b" ")[1]
+            if path == b"/silent":
+                await asyncio.sleep(5)
+            body = b'{"loads": [{"num_running_reqs": 3}]}' if path == b"/v1/loads" else b"x" * 200
+            if path == b"/health":
+                body = b""
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    async with server(handler) as (url, accepted):
+        wc = client()
+        loads = await wc.get(url + "/v1/loads", {"authorization": "Bearer k"}, 2.0)
+        health = await wc.get(url + "/health", {}, 2.0)
+        assert (loads.status_code, loads.json(), health.status_code, health.content) == (
+            200,
+            {"loads": [{"num_running_reqs": 3}]},
+            200,
+            b"",
+        )
+        assert seen == [b"GET /v1/loads HTTP/1.1", b"GET /health HTTP/1.1"]
+        assert len(accepted) == 1  # one connection, kept
+        with pytest.raises(httpx.ReadTimeout):
+            await wc.get(url + "/silent", {}, 0.2)
+        assert wc.open == 0  # the unanswered connection did not go back to the pool: closed, its slot freed
+        monkeypatch.setattr(wire_pool, "GET_LIMIT", 100)
+        with pytest.raises(httpx.DecodingError):
+            await wc.get(url + "/big", {}, 2.0)
+        await wc.aclose()
+    with pytest.raises(httpx.ConnectError):
+        await client().get(url + "/health", {}, 1.0)
