@@ -1,4 +1,4 @@
-"""Batched counters and gauges and one process's histograms (``gateway/metrics.py``, ``_Batched``,
+"""Batched counters and gauges and one process's histograms (``gateway/metric_values.py``, ``_Batched``,
 ``LocalHistogram``): what a scrape shows is what prometheus-client's own metrics would have shown,
 series by series, exemplars included."""
 
@@ -12,8 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from gateway import metrics as metrics_module
-from gateway.metrics import TTFT_BUCKETS, Counter, Gauge, LocalHistogram, Metrics
+from gateway import metric_values
+from gateway.metric_values import Counter, Gauge, LocalHistogram
+from gateway.metrics import TTFT_BUCKETS, Metrics
 
 
 def _scrape(registry: CollectorRegistry) -> dict[str, float]:
@@ -99,7 +100,7 @@ def test_an_update_is_pending_until_flushed() -> None:
     counter.labels("a").inc(5)
     assert _unflushed(counter, "pending_total") == 0  # batched: not pushed yet
     assert registry.get_sample_value("pending_total", {"team": "a"}) == 5  # a collection flushes first
-    assert not metrics_module._PENDING
+    assert not metric_values._PENDING
     assert _unflushed(counter, "pending_total") == 5
 
 
