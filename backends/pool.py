@@ -150,6 +150,11 @@ class _HttpxGetter:
         await self.client.aclose()
 
 
+def poll_connections(config: PoolConfig) -> int:
+    """The connection budget of the pool's checks and polls: at most a check and a poll per backend at a time."""
+    return 2 * max(1, sum(len(m.backends) for m in config.models.values())) + 2
+
+
 class BackendPool:
     def __init__(
         self,
@@ -164,10 +169,10 @@ class BackendPool:
         ``client``: what its checks and polls GET with (the gateway gives its lean client, a
         ``gateway.wire_pool.WireClient`` of their own; by default one of httpx)."""
         self.config = config
-        n = max(1, sum(len(m.backends) for m in config.models.values()))
-        # Its own connections (at most a check and a poll per backend at a time), never the requests':
-        # a full request budget cannot starve a health check.
-        self.client: Getter | None = (client or _HttpxGetter(2 * n + 2, keepalive_expiry_s)) if polled else None
+        # Its own connections, never the requests': a full request budget cannot starve a health check.
+        self.client: Getter | None = (
+            (client or _HttpxGetter(poll_connections(config), keepalive_expiry_s)) if polled else None
+        )
         self.models: dict[str, list[Backend]] = {
             alias: [
                 Backend(

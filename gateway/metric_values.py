@@ -94,9 +94,7 @@ class _GaugeBatch(_Batched):
             self._mark()
 
     def dec(self, amount: float = 1) -> None:
-        self._delta -= amount
-        if not self._dirty:
-            self._mark()
+        self.inc(-amount)
 
     def set(self, value: float) -> None:
         self._delta = 0.0

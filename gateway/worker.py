@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from backends.pool import BackendPool
+from backends.pool import BackendPool, poll_connections
 from gateway.auth import KeyStore
 from gateway.config import Config, TeamConfig
 from gateway.dispatch import Dispatcher
@@ -94,16 +94,14 @@ class Gateway:
 
     async def start(self) -> None:
         up = self.config.upstream
-        # Every surface's requests go through the lean client; health checks and load polls have a
-        # client of their own, so a full request budget cannot starve them.
+        # Every surface's requests go through the lean client; health checks and load polls through
+        # one of their own (a full request budget cannot starve them; httpx cost ~2.4M instructions a
+        # poll, most of an idle worker's CPU).
         self.wire = WireClient(
             up.connect_timeout_s, up.idle_timeout_s, up.keepalive_expiry_s, self.config.upstream_connections()
         )
-        # Health checks and load polls on a lean client of their own (httpx cost ~2.4M instructions a
-        # poll, most of an idle worker's CPU), with a budget of their own.
         health = self.config.health
-        backends = max(1, sum(len(m.backends) for m in self.config.models.values()))
-        checks = WireClient(health.timeout_s, health.timeout_s, up.keepalive_expiry_s, 2 * backends + 2)
+        checks = WireClient(health.timeout_s, health.timeout_s, up.keepalive_expiry_s, poll_connections(self.config))
         self.pool = BackendPool(self.config, up.keepalive_expiry_s, client=checks)
         self._upstream = Upstream(
             self.wire,
