@@ -18,7 +18,9 @@ From one closed-loop run's requests, per segment (``segment_s``) of the measured
 
 A closed loop of ``N`` conversations keeps ``inflight = N − X·Z`` (``Z``: think time) whatever the policy,
 so at the same throughput the bound holds for every policy. With the longest wait at most ``M``, a mean
-wait ``m`` forces ``p95 ≥ (m − 0.05·M) / 0.95``: a p95 under ``T`` needs ``m ≤ 0.95·T + 0.05·M``.
+wait ``m`` forces ``p95 ≥ (m − 0.05·M) / 0.95``: a p95 under ``T`` needs ``m ≤ 0.95·T + 0.05·M``; segment by
+segment (``shaped_p95_floor``) the same holds for each segment's mean, which is sharper when the waits
+grow over the window.
 """
 
 from __future__ import annotations
@@ -109,3 +111,27 @@ def measure(cfg: SimConfig, segment_s: float = 100.0, sample_s: float = 2.0) -> 
 def p95_floor(mean_s: float, max_wait_s: float) -> float:
     """The smallest p95 a set of waits with this mean and no wait above ``max_wait_s`` can have."""
     return max(0.0, (mean_s - 0.05 * max_wait_s) / 0.95)
+
+
+def shaped_p95_floor(segments: list[tuple[float, int]], max_wait_s: float) -> float:
+    """The smallest p95 of waits whose segments ``(mean at least, requests)`` keep their means, with no
+    wait above ``max_wait_s``: what a policy that shaped every wait perfectly could reach.
+
+    A segment of ``n`` requests with mean ``m`` puts the fewest of them above ``T`` by holding the rest at
+    ``T`` and those few at ``max_wait_s``: ``k ≥ n·(m − T) / (max_wait_s − T)``. The p95 is at most ``T``
+    when the ``k`` of all segments are at most 5% of the requests; that sum falls as ``T`` rises, so the
+    smallest such ``T`` is found by bisection."""
+    total = sum(n for _, n in segments)
+    if total == 0:
+        return 0.0
+
+    def over(t: float) -> float:
+        return sum(n * max(0.0, (m - t) / (max_wait_s - t)) for m, n in segments)
+
+    low, high = 0.0, max_wait_s
+    if over(low) <= 0.05 * total:
+        return 0.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (low, mid) if over(mid) <= 0.05 * total else (mid, high)
+    return high
