@@ -45,53 +45,43 @@ class _Batched:
     child's public ``inc``/``set``; a collection or an exposition flushes first, so what is read is
     current. All updates come from the event loop's thread."""
 
-    __slots__ = ("_child", "_dirty")
+    __slots__ = ("_child", "_delta", "_dirty")
 
     def __init__(self, child: Any) -> None:
         self._child = child
+        self._delta = 0.0
         self._dirty = False
 
-    def _mark(self) -> None:
-        self._dirty = True
-        _PENDING.append(self)
+    def _add(self, amount: float = 1) -> None:
+        self._delta += amount
+        if not self._dirty:
+            self._dirty = True
+            _PENDING.append(self)
 
     def flush(self) -> None:
-        raise NotImplementedError
+        delta, self._delta, self._dirty = self._delta, 0.0, False
+        if delta:
+            self._child.inc(delta)
 
 
 class _CounterBatch(_Batched):
-    __slots__ = ("_n",)
-
-    def __init__(self, child: Any) -> None:
-        super().__init__(child)
-        self._n = 0.0
+    __slots__ = ()
 
     def inc(self, amount: float = 1) -> None:
         if amount < 0:
             raise ValueError("Counters can only be incremented by non-negative amounts.")
-        self._n += amount
+        self._delta += amount  # _add inlined: a call less on every request's counters
         if not self._dirty:
-            self._mark()
-
-    def flush(self) -> None:
-        n, self._n, self._dirty = self._n, 0.0, False
-        if n:
-            self._child.inc(n)
+            self._dirty = True
+            _PENDING.append(self)
 
 
 class _GaugeBatch(_Batched):
     """``inc`` and ``dec`` are batched as one delta; ``set`` is immediate and drops the delta."""
 
-    __slots__ = ("_delta",)
+    __slots__ = ()
 
-    def __init__(self, child: Any) -> None:
-        super().__init__(child)
-        self._delta = 0.0
-
-    def inc(self, amount: float = 1) -> None:
-        self._delta += amount
-        if not self._dirty:
-            self._mark()
+    inc = _Batched._add
 
     def dec(self, amount: float = 1) -> None:
         self.inc(-amount)
@@ -99,11 +89,6 @@ class _GaugeBatch(_Batched):
     def set(self, value: float) -> None:
         self._delta = 0.0
         self._child.set(value)
-
-    def flush(self) -> None:
-        delta, self._delta, self._dirty = self._delta, 0.0, False
-        if delta:
-            self._child.inc(delta)
 
 
 class _CachedLabels:
