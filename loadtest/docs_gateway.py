@@ -33,6 +33,8 @@ PUBLISHED_GOOD = {
     48: (20.23e6, 0.65, 16.00),
     64: (19.19e6, 5.97, 16.89),
 }
+DCP_PROFILE = "b300-tp8-fp8-dcp8"
+"""The host-cache node's TP8 fp8 launch with ``--dcp-size 8``: the KV sharded over the TP ranks, not replicated."""
 HICACHE_BOUND_WINDOWS = ((20, 5), (40, 20))
 """(minutes, warm-up) of the hicache bound runs at 64 conversations: the table's window and a steady state."""
 ROTATIONS = (("waiter", 600), ("waiter", 900), ("waiter", 1200), ("seat", 600), ("seat", 1200))
@@ -78,6 +80,10 @@ def jobs() -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
         out.append((f"hicache/gateway/{n}", {**base, "policy": "gateway"}, None))
         if n >= 48:  # the ceiling: the same engine with unbounded GPU KV
             out.append((f"hicache/unbounded/{n}", {**base, "policy": "gateway", "unbounded": True}, None))
+    for n in (8, 16, 32, 48, 64):
+        base = {"profile": DCP_PROFILE, "conversations": n, "minutes": 20, "warmup_minutes": 5}
+        out.append((f"dcp/direct/{n}", {**base, "policy": "direct"}, None))
+        out.append((f"dcp/gateway/{n}", {**base, "policy": "gateway"}, None))
     # Why the p95 at 64 stays above the published one: the pool's bound on waiting, in the 20-minute
     # window and in a steady state (minutes 20-40), with the ceiling's throughput for comparison.
     for minutes, warm in HICACHE_BOUND_WINDOWS:
@@ -198,22 +204,13 @@ def render(rows: dict[str, dict[str, Any]], wall: float) -> str:
     for n in (8, 16, 32, 48, 64):
         d = rows[f"hicache/direct/{n}"]
         for label in ("direct", "gateway"):
-            r = rows[f"hicache/{label}/{n}"]
-            lines.append(
-                f"| {n} | {label} | {_m(r['total_tpm'])} | {r['total_tpm'] / d['total_tpm']:.3f} | "
-                f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {published_p95[n]:.2f} s | "
-                f"{_s(r['max_wait_s'])} | {r['starved']} |"
-            )
+            lines.append(_vs_direct(n, label, rows[f"hicache/{label}/{n}"], d, published_p95[n]))
         if n >= 48:
-            r = rows[f"hicache/unbounded/{n}"]
-            lines.append(
-                f"| {n} | gateway, unbounded KV | {_m(r['total_tpm'])} | {r['total_tpm'] / d['total_tpm']:.3f} | "
-                f"{_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} | {published_p95[n]:.2f} s | "
-                f"{_s(r['max_wait_s'])} | {r['starved']} |"
-            )
+            lines.append(_vs_direct(n, "gateway, unbounded KV", rows[f"hicache/unbounded/{n}"], d, published_p95[n]))
     lines += ["", "Acceptance (seats count the host tier and rotate at the swap cost):", ""]
     lines += [f"- {x}" for x in hicache_checks(rows)]
     lines += ["", *hicache_bound_prose(rows)]
+    lines += dcp_section(rows, published_p95)
     lines += [
         "",
         "### Two teams on one `b300-tp8-fp8` backend, equal weights, 20 minutes",
@@ -363,12 +360,52 @@ def dp_checks(rows: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-def hicache_checks(rows: dict[str, dict[str, Any]]) -> list[str]:
+def _vs_direct(n: int, label: str, r: dict[str, Any], d: dict[str, Any], p95: float, *extra: str) -> str:
+    """One row of a tiers table: a run beside its level's `direct` run and the published p95; ``extra``
+    columns go after the ratio."""
+    cols = [str(n), label, _m(r["total_tpm"]), f"{r['total_tpm'] / d['total_tpm']:.3f}", *extra]
+    cols += [_s(r["ttft_p50_s"]), _s(r["ttft_p95_s"]), f"{p95:.2f} s", _s(r["max_wait_s"]), str(r["starved"])]
+    return "| " + " | ".join(cols) + " |"
+
+
+def dcp_section(rows: dict[str, dict[str, Any]], published_p95: dict[int, float]) -> list[str]:
+    """The host-cache table's lines on the same node launched with ``--dcp-size 8``."""
+    lines = [
+        "",
+        f"### The same node with decode context parallelism (`{DCP_PROFILE}`), 20 minutes",
+        "",
+        "```",
+        f"cachegate simulate --profile {DCP_PROFILE} --backends 1 --policy gateway "
+        "--conversations 8,16,32,48,64 --minutes 20 --warmup-minutes 5 --seed 1   # and --policy direct",
+        "```",
+        "",
+        "SGLang 0.5.23's `--dcp-size 8` keeps each request's MLA latent interleaved over the eight TP ranks "
+        "instead of replicated on each (derivation: `backends/sim/profiles.py`; recipe: "
+        "`deploy/sglang/b300-tp8-fp8-dcp8.sh`): the same GPUs and weights hold 8 × 5.26M = 42.1M tokens and a "
+        "decode step reads an eighth of every context per GPU, for two collectives per layer per step and a "
+        "gather of the cached prefix per prefill chunk. Every other constant is the host-cache node's; no host "
+        "tier is needed.",
+        "",
+        "| Conv. | System | Tokens/min | × direct | × host-cache node | TTFT p50 | TTFT p95 | published p95 "
+        "| Longest wait | Starved |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n in (8, 16, 32, 48, 64):
+        d, hc = rows[f"dcp/direct/{n}"], rows[f"hicache/gateway/{n}"]
+        for label in ("direct", "gateway"):
+            r = rows[f"dcp/{label}/{n}"]
+            lines.append(_vs_direct(n, label, r, d, published_p95[n], f"{r['total_tpm'] / hc['total_tpm']:.2f}"))
+    lines += ["", "The host-cache table's acceptance lines on this engine:", ""]
+    lines += [f"- {x}" for x in hicache_checks(rows, "dcp")]
+    return lines
+
+
+def hicache_checks(rows: dict[str, dict[str, Any]], key: str = "hicache") -> list[str]:
     """Issue 12's hicache lines: tokens/min ≥ direct, p95 below published, longest wait ≤ direct's + 10 s."""
     out = []
     levels = (8, 16, 32, 48, 64)
-    g = {n: rows[f"hicache/gateway/{n}"] for n in levels}
-    d = {n: rows[f"hicache/direct/{n}"] for n in levels}
+    g = {n: rows[f"{key}/gateway/{n}"] for n in levels}
+    d = {n: rows[f"{key}/direct/{n}"] for n in levels}
     ok = all(g[n]["total_tpm"] >= d[n]["total_tpm"] for n in levels)
     out.append(
         f"{'PASS' if ok else 'FAIL'}: tokens/min ≥ `direct`'s ("

@@ -35,6 +35,10 @@ STEP_OVERHEAD = 6e-3
 DP_CONSERVATIVENESS = 0.3  # SGLang handle_data_parallelism: schedule_conservativeness *= 0.3
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
 HOST_LOAD_BW = 50e9  # bytes/s per GPU, host DRAM -> HBM (HiCache)
+NVLINK_BW = 900e9  # bytes/s per GPU per direction: NVLink 5, 1.8 TB/s bidirectional
+# Decode context parallelism (``--dcp-size``): one small collective's latency on NVLink inside a CUDA
+# graph (the query all-gather and the partial-output reduction, each once per layer per decode step).
+DCP_COLLECTIVE_S = 10e-6
 
 # GB10 (re-derived against the 16×GB10 post: 750 tok/s prefill, 20 tok/s average decode,
 # 38 peak; vLLM and K3, so a target with that caveat). SM121 has no sm100 MLA kernels and bf16 MMA

@@ -61,6 +61,14 @@ class Profile:
     """FP8 prefill attention kernels (``k_attn`` derived at the FP8 peak)."""
     prefill_cp_size: int = 1
     """Context-parallel prefill attention group (ranks whose attention shares the group's GPUs)."""
+    dcp_size: int = 1
+    """Decode context parallelism (SGLang ``--dcp-size``): every request's KV interleaved token by token
+    over this many TP ranks, so the pool holds ``dcp_size`` × one GPU's rows and a decode step reads
+    1/``dcp_size`` of each context per GPU (folded into ``kv_tokens``, ``k_kv``, ``a``, ``b`` and ``k_kvb``)."""
+    kv_cache_dtype: str = "auto"
+    """SGLang's ``--kv-cache-dtype`` (``auto``: the model's bf16)."""
+    weight_bytes_per_gpu: float = 0.0
+    """Weight bytes on each GPU (reported in ``memory_usage.weight``; 0 for the toy profiles)."""
     k_kvb: float = 0.0
     """Seconds per cached-prefix token per prefill chunk: ``kv_b_proj`` re-expansion (trtllm_mla)."""
     spec_draft_tokens: int = 0
@@ -80,6 +88,11 @@ class Profile:
     fitted: tuple[str, ...] = ()
     """Names of the constants fitted to published figures (empty: every constant derived)."""
     doc: str = field(default="", compare=False, repr=False)
+
+    @property
+    def kv_gb_per_gpu(self) -> float:
+        """The KV pool's size on each GPU (GB): one rank's tokens, a ``dcp_size``-th of them under DCP."""
+        return self.kv_tokens // self.dcp_size * self.kv_bytes_per_token_per_gpu / 1e9
 
     def chunk_prefill_s(self, n: int, c: int) -> float:
         """One chunk of ``n`` new tokens over ``c`` computed ones, alone in its pass."""

@@ -48,6 +48,15 @@ Engine options, each a ``Profile`` field with its derivation in ``_b300``:
   (``MHA_CHUNKED_KV``) re-expands the whole cached prefix through ``kv_b_proj`` for every chunk:
   2 · 512 · 64·(128 + 128) · 61 ≈ 1.0e9 FLOPs per prefix token per chunk, at the attention FLOP
   rate (+20 % of attention at 2048-token chunks, +2.5 % at 16384).
+- **Decode context parallelism** (``dcp_size``; SGLang ``--dcp-size``, ``forward_mla`` and
+  ``kv_cache_configurator.logical_token_capacity``): TP ranks keep every request's MLA latent
+  interleaved token by token instead of each holding a replica, so the server's pool is the GPU's
+  rows × ``dcp_size`` and a decode step reads 1/``dcp_size`` of every context per GPU (``k_kv`` /
+  ``dcp_size``); the price is two collectives per layer per decode step (the query all-gather and the
+  reduction of partial outputs: ``a`` + 2 × 61 × 10 µs, ``b`` + their bytes over NVLink) and, per extend
+  chunk, an all-gather of the cached prefix's latent in bf16 (added to ``k_kvb``). Prefill attention is
+  unchanged (each rank still computes its heads over the whole gathered context). Off by default
+  (``--dcp-size 1``), as in SGLang; ``b300-tp8-fp8-dcp8`` is the TP8 fp8 node with it on.
 - **Speculative decoding** (``spec_draft_tokens`` d, ``spec_accept_length`` L): a verify step
   carries d + 1 tokens per request, reads the KV once (``spec_kv_factor`` 1.1 for the extra
   queries), pays ``spec_draft_overhead`` × ``a`` per draft token for the MTP/EAGLE draft passes,
@@ -80,13 +89,16 @@ from backends.sim.profile_constants import (
     B300_BF16,
     B300_BW,
     B300_HBM,
+    DCP_COLLECTIVE_S,
     DP_CONSERVATIVENESS,
     FP8_ATTN_SPEEDUP,
     HOST_LOAD_BW,
     INIT_NEW_TOKEN_RATIO,
     KVB_FLOPS,
     LATENT_ELEMS,
+    LAYERS,
     LINEAR_FLOPS,
+    NVLINK_BW,
     STEP_OVERHEAD,
     U_ATTN,
     U_BW,
@@ -152,7 +164,10 @@ def _b300(
     fit: Fit | None = None,
     gpus: int = 8,
     front_end: Fit | None = None,
+    dcp: int = 1,
 ) -> Profile:
+    if dcp > 1 and (dp > 1 or gpus % dcp):
+        raise ValueError("decode context parallelism shards a TP group's KV: dp 1 and dcp dividing the GPUs")
     kv_bytes = LATENT_ELEMS * kv_dtype_bytes  # replicated on every TP rank; per rank under DP
     mem = 0.90 * B300_HBM  # default mem_fraction_static on a 288 GB GPU (§3.1)
     w_gpu = W_TOTAL / gpus
@@ -161,8 +176,10 @@ def _b300(
         w_gpu += W_ATTN * (1 / attn_tp - 1 / gpus)  # attention weights replicated per DP rank
     kv_gpu = mem - w_gpu
     page = 64
-    c = int(kv_gpu // kv_bytes) // page * page
+    rows = int(kv_gpu // kv_bytes) // page * page  # tokens one GPU's pool holds
+    c = rows * dcp  # SGLang logical_token_capacity: rows × attn_dcp_size (token-interleaved over the group)
     ebw = B300_BW * U_BW
+    nvl = NVLINK_BW * U_BW
     t_exp = (W_EXPERTS / gpus) / ebw
     u_lin = fit.u_lin if fit else U_LIN
     u_attn = fit.u_attn if fit else U_ATTN
@@ -181,11 +198,25 @@ def _b300(
         r_lin = 1 / per_tok
         attn_gpus = cp if cp > 1 else attn_tp
     k_attn = ATTN_FLOPS / (attn_gpus * attn_peak * u_attn)
-    k_kvb = KVB_FLOPS / (attn_gpus * attn_peak * u_attn)  # the re-expansion GEMM runs where attention does
+    k_kvb = kvb_proj = KVB_FLOPS / (attn_gpus * attn_peak * u_attn)  # the re-expansion runs where attention does
     a = STEP_OVERHEAD + w_dense / ebw
-    t0 = a + t_exp  # a prefill pass touches every expert
     k_kv = kv_bytes / ebw  # per rank, times that rank's own Σctx
     b = LINEAR_FLOPS / (gpus * B300_BF16 * u_lin)  # per-request linear compute in a decode step
+    a_tp, b_tp, k_kv_tp = a, b, k_kv  # before decode context parallelism
+    if dcp > 1:
+        # Decode (forward_mla: all_gather_q_for_mla_decode, then an LSE-weighted reduction of the partial
+        # outputs): each GPU reads 1/dcp of every context, and per layer gathers the other ranks' query
+        # heads (bf16 q_nope + q_pe, 576 per head) and exchanges partial outputs (512 per head).
+        dcp_a = 2 * LAYERS * DCP_COLLECTIVE_S
+        dcp_b = LAYERS * 64 * (dcp - 1) / dcp * (576 + 512) * 2 / nvl
+        # Extend (all_gather_kv_cache_for_mha_extend): each chunk gathers its cached prefix's latent,
+        # dequantised to bf16 for kv_b_proj, from the other ranks.
+        dcp_kvb = LATENT_ELEMS * 2 * (dcp - 1) / dcp / nvl
+        a += dcp_a
+        k_kv /= dcp
+        b += dcp_b
+        k_kvb += dcp_kvb
+    t0 = a + t_exp  # a prefill pass touches every expert
     host_rate = HOST_LOAD_BW / kv_bytes if host_tokens else 0.0
     dtype = "bf16" if kv_dtype_bytes == 2 else "fp8"
     dp_ = dp > 1
@@ -197,12 +228,20 @@ def _b300(
     lines = [
         f"{name}: Kimi K2-class INT4 weights on {'one 8×B300 node' if gpus == 8 else f'{gpus} B300 GPUs'},"
         f" {f'DP{dp} attention' if dp_ else f'TP{gpus}'}, {dtype} KV"
-        + (f", FP8 context-parallel (CP{cp}) prefill attention." if cp > 1 else "."),
+        + (f", FP8 context-parallel (CP{cp}) prefill attention" if cp > 1 else "")
+        + (f", decode context parallelism (--dcp-size {dcp})." if dcp > 1 else "."),
         f"KV bytes per token per GPU = 35,136 × {kv_dtype_bytes} = {kv_bytes:,} B "
-        f"({'each rank holds only its own requests' if dp_ else f'replicated on all {gpus} TP ranks'}).",
+        + (
+            "(each rank holds only its own requests)."
+            if dp_
+            else f"(interleaved token by token over the {dcp} DCP ranks: each GPU holds 1/{dcp} of every request)."
+            if dcp > 1
+            else f"(replicated on all {gpus} TP ranks)."
+        ),
         f"Capacity: 0.90 × 288 GB = {mem / 1e9:.0f} GB per GPU − weights {w_gpu / 1e9:.1f} GB"
         f"{' (incl. replicated attention)' if dp_ else ''} = {kv_gpu / 1e9:.1f} GB",
-        f"  → C = {c:,} tokens per {'rank' if dp_ else 'server'} (page {page}: trtllm_mla on SM100 needs 32/64).",
+        f"  → C = {c:,} tokens per {'rank' if dp_ else 'server'} (page {page}: trtllm_mla on SM100 needs 32/64)"
+        + (f" = {rows:,} rows per GPU × {dcp} (SGLang's logical_token_capacity under DCP)." if dcp > 1 else "."),
         "Prefill: r_lin = "
         + (
             f"1 / (6.2B-param attention projections on the rank's {attn_tp} GPU(s) + the rest EP over 8)"
@@ -212,13 +251,13 @@ def _b300(
         + f" = {r_lin:,.0f} tok/s at U_LIN = {u_lin};",
         f"  k_attn = 2.5e6 / ({attn_where} × {peak_txt} × U_ATTN) = {k_attn:.3g} s per token·ctx"
         f" at U_ATTN = {u_attn}" + (" (all 64 heads on the rank's GPU);" if dp_ and cp == 1 else ";"),
-        f"  k_kvb = 1.0e9 / (same rate) = {k_kvb:.3g} s per cached-prefix token per chunk (kv_b_proj"
+        f"  k_kvb = 1.0e9 / (same rate) = {kvb_proj:.3g} s per cached-prefix token per chunk (kv_b_proj"
         f" re-expansion on trtllm_mla: +{KVB_FLOPS / (ATTN_FLOPS * chunk):.1%} of attention at {chunk}-token chunks);",
         f"  t0 = a + t_experts = {t0 * 1e3:.1f} ms (a prefill pass streams every expert once); prefill_efficiency 1.0.",
         f"Decode: a = {STEP_OVERHEAD * 1e3:.0f} ms overhead + {w_dense / 1e9:.1f} GB non-expert weights"
-        f" / ({B300_BW / 1e12:.0f} TB/s × U_BW {U_BW}) = {a * 1e3:.2f} ms;",
-        f"  {coverage_note(t_exp)}; b = {b * 1e6:.1f} µs per request (its 6.4e10 linear FLOPs);",
-        f"  k_kv = {kv_bytes:,} B / ({B300_BW / 1e12:.0f} TB/s × {U_BW}) = {k_kv * 1e9:.2f} ns per context token"
+        f" / ({B300_BW / 1e12:.0f} TB/s × U_BW {U_BW}) = {a_tp * 1e3:.2f} ms;",
+        f"  {coverage_note(t_exp)}; b = {b_tp * 1e6:.1f} µs per request (its 6.4e10 linear FLOPs);",
+        f"  k_kv = {kv_bytes:,} B / ({B300_BW / 1e12:.0f} TB/s × {U_BW}) = {k_kv_tp * 1e9:.2f} ns per context token"
         + (f" of the rank's own requests (≈ k_kv/{dp} over the server's Σctx)." if dp_ else "."),
         f"chunked_prefill_size {chunk} per "
         + ("rank (SGLang DP attention: 16384 // 8)," if dp_ else "server (SGLang default for ≥ 160 GB GPUs),")
@@ -232,6 +271,17 @@ def _b300(
             else f" (--max-running-requests {fit.max_running_total} // dp_size {dp})."
         ),
     ]
+    if dcp > 1:
+        lines += [
+            f"Decode context parallelism (SGLang --dcp-size {dcp}, forward_mla): k_kv / {dcp} = {k_kv * 1e9:.2f} ns"
+            " (each GPU reads its shard of every context);",
+            f"  a + 2 collectives × 61 layers × {DCP_COLLECTIVE_S * 1e6:.0f} µs = {a * 1e3:.2f} ms per step (query"
+            " all-gather, partial-output reduction);",
+            f"  b + {dcp_b * 1e6:.1f} µs = {b * 1e6:.1f} µs per request (61 layers × 64 heads × {dcp - 1}/{dcp}"
+            f" × (576 + 512) bf16 over NVLink {NVLINK_BW / 1e9:.0f} GB/s × U_BW);",
+            f"  k_kvb + {dcp_kvb:.3g} = {k_kvb:.3g} s per cached-prefix token per chunk (the prefix latent"
+            " all-gathered in bf16 for every extend chunk).",
+        ]
     if gpus < 8:
         lines += [
             f"One of {8 // gpus} replicas on the node: SGLang's plain data parallelism (--tp {gpus} --dp {8 // gpus},"
@@ -305,8 +355,11 @@ def _b300(
         init_new_token_ratio=INIT_NEW_TOKEN_RATIO * conservativeness,
         schedule_conservativeness=conservativeness,
         kv_bytes_per_token_per_gpu=kv_bytes,
+        kv_cache_dtype="fp8_e4m3" if kv_dtype_bytes == 1 else "auto",
+        weight_bytes_per_gpu=w_gpu,
         attn_fp8=attn_fp8,
         prefill_cp_size=cp,
+        dcp_size=dcp,
         k_kvb=k_kvb,
         request_overhead_s=overhead,
         tokenize_tokens_per_s=tok_rate,
@@ -352,6 +405,7 @@ def _build() -> dict[str, Profile]:
         _b300("b300-tp8-fp8", kv_dtype_bytes=1),
         _b300("b300-tp8-fp8-hicache", kv_dtype_bytes=1, host_tokens=8_000_000),
         _b300("b300-dp8-fp8", kv_dtype_bytes=1, dp=8),
+        _b300("b300-tp8-fp8-dcp8", kv_dtype_bytes=1, dcp=8),
         _b300("b300-dp2-bf16", kv_dtype_bytes=2, dp=2),
         _b300("b300-tp4-fp8", kv_dtype_bytes=1, gpus=4, front_end=GOOD_FIT),
         _b300("b300-dp8-fp8-cp", kv_dtype_bytes=1, dp=8, attn_fp8=True, cp=8, fit=GOOD_FIT),

@@ -80,5 +80,7 @@ def gb10(name: str, *, tp: int, pp: int) -> Profile:
         pp=pp,
         tp_size=tp,
         kv_bytes_per_token_per_gpu=kv_bytes,
+        kv_cache_dtype="fp8_e4m3",
+        weight_bytes_per_gpu=w_node,
         doc=doc,
     )

@@ -57,14 +57,15 @@ async def server_info(request: Request) -> Response:
     t = twin_of_request(request)
     p, e = t.profile, t.engine
     loads = t.loads()
-    kv_gb = float(getattr(p, "kv_gb_per_rank", 0.0))
+    kv_gb = float(getattr(p, "kv_gb_per_gpu", 0.0))
+    weight_gb = float(getattr(p, "weight_bytes_per_gpu", 0.0)) / 1e9
     states = [
         {
             "dp_rank": ld.dp_rank,
             "last_gen_throughput": ld.gen_throughput,
             "load": ld.num_running_reqs + ld.num_waiting_reqs,
             "memory_usage": {
-                "weight": float(getattr(p, "weight_gb_per_gpu", 0.0)),
+                "weight": weight_gb,
                 "kvcache": kv_gb,
                 "token_capacity": ld.max_total_num_tokens,
                 "graph": 0.0,
@@ -84,6 +85,7 @@ async def server_info(request: Request) -> Response:
         "tp_size": tp,
         "dp_size": e.dp_size,
         "pp_size": int(getattr(p, "pp", 1)),
+        "dcp_size": int(getattr(p, "dcp_size", 1)),  # decode context parallelism: KV interleaved over TP ranks
         "ep_size": 1,
         "enable_dp_attention": e.dp_size > 1,
         "load_balance_method": "round_robin",
@@ -97,7 +99,7 @@ async def server_info(request: Request) -> Response:
         "max_model_len": MAX_MODEL_LEN,
         "mem_fraction_static": float(getattr(p, "mem_fraction_static", 0.9)),
         "kv_cache_dtype": str(getattr(p, "kv_cache_dtype", "auto")),
-        "enable_hierarchical_cache": bool(getattr(p, "host_kv_tokens", 0)),
+        "enable_hierarchical_cache": bool(getattr(p, "host_tier_tokens", 0)),
         "enable_cache_report": t.cache_report,
         "enable_metrics": True,
         "enable_trace": False,
@@ -145,8 +147,8 @@ def _load_dict(t: Twin, ld: RankLoad, include: set[str] | None) -> dict[str, Any
         return d
     if include is None or "all" in include or "memory" in include:
         d["memory"] = {
-            "weight_gb": float(getattr(t.profile, "weight_gb_per_gpu", 0.0)),
-            "kv_cache_gb": float(getattr(t.profile, "kv_gb_per_rank", 0.0)),
+            "weight_gb": float(getattr(t.profile, "weight_bytes_per_gpu", 0.0)) / 1e9,
+            "kv_cache_gb": float(getattr(t.profile, "kv_gb_per_gpu", 0.0)),
             "graph_gb": 0.0,
             "token_capacity": ld.max_total_num_tokens,
         }

@@ -1,5 +1,6 @@
 """Engine options: DP defaults, FP8 / context-parallel prefill attention, kv_b_proj
-re-expansion, speculative decoding, mixed chunk, prefill delayer, per-request overhead."""
+re-expansion, decode context parallelism, speculative decoding, mixed chunk, prefill delayer,
+per-request overhead."""
 
 from __future__ import annotations
 
@@ -128,3 +129,32 @@ def test_gb10_single_request_speeds_are_near_the_post() -> None:
     assert prefill == pytest.approx(750, rel=0.25)
     assert decode_long == pytest.approx(20, rel=0.25)
     assert decode_short == pytest.approx(38, rel=0.25)
+
+
+def test_decode_context_parallelism_shards_the_kv_and_pays_its_collectives() -> None:
+    tp, dcp = get_profile("b300-tp8-fp8"), get_profile("b300-tp8-fp8-dcp8")
+    assert dcp.dcp_size == 8 and not dcp.fitted
+    assert dcp.kv_tokens == 8 * tp.kv_tokens  # rows per GPU × dcp_size
+    assert dcp.k_kv == pytest.approx(tp.k_kv / 8)  # each GPU reads its shard of every context
+    assert (dcp.k_attn, dcp.r_lin, dcp.t_experts) == (tp.k_attn, tp.r_lin, tp.t_experts)  # prefill compute as TP8
+    assert dcp.a - tp.a == pytest.approx(2 * 61 * profiles.DCP_COLLECTIVE_S)
+    assert dcp.b > tp.b and dcp.k_kvb > tp.k_kvb  # the partial outputs' bytes; the prefix gathered per chunk
+    assert dcp.chunked_prefill_size == tp.chunked_prefill_size == 16384  # not a DP setting: no // dp_size
+
+    def served(p: profiles.Profile, n: int) -> tuple[int, float]:
+        """n contexts of 150k tokens at once: the most running together, and how long the decode phase lasts
+        (the last first token to the last finish: prefill runs first, so that is every request decoding)."""
+        e = Engine(p)
+        for i in range(n):
+            e.submit(EngineRequest(f"r{i}", blocks(150_000, 4096), 200, 200), 0.0)
+        peak, t, events = 0, 0.0, []
+        while not e.idle():
+            t += 1.0
+            events += run(e, t)
+            peak = max(peak, e.loads()[0].num_running_reqs)
+        first = max(ev.time for ev in events if ev.kind == "first_token")
+        return peak, max(ev.time for ev in events if ev.kind == "finished") - first
+
+    assert served(tp, 48)[0] < 36 and served(dcp, 48)[0] == 48  # 5.26M tokens hold 35 of them; 42M hold all
+    # 30 fit either pool: the same batch decodes in under 0.6 of the time (25 ms of KV reads per step become 3)
+    assert served(dcp, 30)[1] < 0.6 * served(tp, 30)[1]

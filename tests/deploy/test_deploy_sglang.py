@@ -191,6 +191,8 @@ def test_layouts(tmp_path: Path) -> None:
     assert values("b300-tp8-fp8.sh")["--tp-size"] == "8"
     dp = values("b300-dp8-fp8.sh")
     assert dp["--tp-size"] == "8" and dp["--attn-dp-size"] == "8"
+    dcp = values("b300-tp8-fp8-dcp8.sh")
+    assert dcp["--tp-size"] == dcp["--dcp-size"] == "8" and "--attn-dp-size" not in dcp
     hi = values("b300-tp8-fp8-hicache.sh")
     assert "--enable-hierarchical-cache" in hi and hi["--hicache-size"] == "280"
     pp = values("gb10x16-tp4pp4-fp8.sh")
