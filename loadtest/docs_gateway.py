@@ -380,7 +380,7 @@ def dcp_section(rows: dict[str, dict[str, Any]], published_p95: dict[int, float]
         "```",
         "",
         "SGLang 0.5.23's `--dcp-size 8` keeps each request's MLA latent interleaved over the eight TP ranks "
-        "instead of replicated on each (derivation: `backends/sim/profiles.py`; recipe: "
+        "instead of replicated on each (derivation: `backends/sim/profile_dcp.py`; recipe: "
         "`deploy/sglang/b300-tp8-fp8-dcp8.sh`): the same GPUs and weights hold 8 × 5.26M = 42.1M tokens and a "
         "decode step reads an eighth of every context per GPU, for two collectives per layer per step and a "
         "gather of the cached prefix per prefill chunk. Every other constant is the host-cache node's; no host "

@@ -48,15 +48,9 @@ Engine options, each a ``Profile`` field with its derivation in ``_b300``:
   (``MHA_CHUNKED_KV``) re-expands the whole cached prefix through ``kv_b_proj`` for every chunk:
   2 · 512 · 64·(128 + 128) · 61 ≈ 1.0e9 FLOPs per prefix token per chunk, at the attention FLOP
   rate (+20 % of attention at 2048-token chunks, +2.5 % at 16384).
-- **Decode context parallelism** (``dcp_size``; SGLang ``--dcp-size``, ``forward_mla`` and
-  ``kv_cache_configurator.logical_token_capacity``): TP ranks keep every request's MLA latent
-  interleaved token by token instead of each holding a replica, so the server's pool is the GPU's
-  rows × ``dcp_size`` and a decode step reads 1/``dcp_size`` of every context per GPU (``k_kv`` /
-  ``dcp_size``); the price is two collectives per layer per decode step (the query all-gather and the
-  reduction of partial outputs: ``a`` + 2 × 61 × 10 µs, ``b`` + their bytes over NVLink) and, per extend
-  chunk, an all-gather of the cached prefix's latent in bf16 (added to ``k_kvb``). Prefill attention is
-  unchanged (each rank still computes its heads over the whole gathered context). Off by default
-  (``--dcp-size 1``), as in SGLang; ``b300-tp8-fp8-dcp8`` is the TP8 fp8 node with it on.
+- **Decode context parallelism** (``dcp_size``; SGLang ``--dcp-size``, ``profile_dcp.py``): the TP ranks
+  interleave every request's latent instead of each holding a replica: pool × ``dcp_size``, ``k_kv`` /
+  ``dcp_size``, plus its collectives and prefix gathers; ``b300-tp8-fp8-dcp8`` is the TP8 fp8 node with it on.
 - **Speculative decoding** (``spec_draft_tokens`` d, ``spec_accept_length`` L): a verify step
   carries d + 1 tokens per request, reads the KV once (``spec_kv_factor`` 1.1 for the extra
   queries), pays ``spec_draft_overhead`` × ``a`` per draft token for the MTP/EAGLE draft passes,
@@ -81,24 +75,19 @@ Engine options, each a ``Profile`` field with its derivation in ``_b300``:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from backends.sim.profile_constants import (
     ATTN_FLOPS,
     ATTN_PROJ_FLOPS,
     B300_BF16,
     B300_BW,
     B300_HBM,
-    DCP_COLLECTIVE_S,
     DP_CONSERVATIVENESS,
     FP8_ATTN_SPEEDUP,
     HOST_LOAD_BW,
     INIT_NEW_TOKEN_RATIO,
     KVB_FLOPS,
     LATENT_ELEMS,
-    LAYERS,
     LINEAR_FLOPS,
-    NVLINK_BW,
     STEP_OVERHEAD,
     U_ATTN,
     U_BW,
@@ -107,6 +96,8 @@ from backends.sim.profile_constants import (
     W_EXPERTS,
     W_TOTAL,
 )
+from backends.sim.profile_dcp import DcpCost
+from backends.sim.profile_fit import GOOD_FIT, Fit
 from backends.sim.profile_model import Profile, coverage_note, default_max_running
 from backends.sim.profiles_gb10 import gb10
 
@@ -125,32 +116,6 @@ __all__ = [
     "Profile",
     "get_profile",
 ]
-
-
-@dataclass(frozen=True)
-class Fit:
-    """Constants of the one fitted profile (``b300-dp8-fp8-cp``), from ``loadtest/fit_good.py``."""
-
-    u_attn: float
-    u_lin: float
-    max_running_total: int
-    tokenize_tokens_per_s: float
-    request_overhead_s: float
-    spec_draft_tokens: int = 0
-    spec_accept_length: float = 1.0
-
-
-# Fitted to the published good deployment (reference §11) by ``python -m loadtest.fit_good``; the
-# residuals are in docs/calibration.md. The one place the "derive, never fit" rule is broken.
-GOOD_FIT = Fit(
-    u_attn=0.6,
-    u_lin=0.45,
-    max_running_total=40,
-    tokenize_tokens_per_s=1.0e6,
-    request_overhead_s=0.05,
-    spec_draft_tokens=1,
-    spec_accept_length=1.3,
-)
 
 
 def _b300(
@@ -179,7 +144,6 @@ def _b300(
     rows = int(kv_gpu // kv_bytes) // page * page  # tokens one GPU's pool holds
     c = rows * dcp  # SGLang logical_token_capacity: rows × attn_dcp_size (token-interleaved over the group)
     ebw = B300_BW * U_BW
-    nvl = NVLINK_BW * U_BW
     t_exp = (W_EXPERTS / gpus) / ebw
     u_lin = fit.u_lin if fit else U_LIN
     u_attn = fit.u_attn if fit else U_ATTN
@@ -203,19 +167,9 @@ def _b300(
     k_kv = kv_bytes / ebw  # per rank, times that rank's own Σctx
     b = LINEAR_FLOPS / (gpus * B300_BF16 * u_lin)  # per-request linear compute in a decode step
     a_tp, b_tp, k_kv_tp = a, b, k_kv  # before decode context parallelism
-    if dcp > 1:
-        # Decode (forward_mla: all_gather_q_for_mla_decode, then an LSE-weighted reduction of the partial
-        # outputs): each GPU reads 1/dcp of every context, and per layer gathers the other ranks' query
-        # heads (bf16 q_nope + q_pe, 576 per head) and exchanges partial outputs (512 per head).
-        dcp_a = 2 * LAYERS * DCP_COLLECTIVE_S
-        dcp_b = LAYERS * 64 * (dcp - 1) / dcp * (576 + 512) * 2 / nvl
-        # Extend (all_gather_kv_cache_for_mha_extend): each chunk gathers its cached prefix's latent,
-        # dequantised to bf16 for kv_b_proj, from the other ranks.
-        dcp_kvb = LATENT_ELEMS * 2 * (dcp - 1) / dcp / nvl
-        a += dcp_a
-        k_kv /= dcp
-        b += dcp_b
-        k_kvb += dcp_kvb
+    dcp_cost = DcpCost.of(dcp) if dcp > 1 else None
+    if dcp_cost is not None:  # each GPU reads 1/dcp of every context, for its collectives and gathers
+        a, b, k_kv, k_kvb = a + dcp_cost.a, b + dcp_cost.b, k_kv / dcp, k_kvb + dcp_cost.k_kvb
     t0 = a + t_exp  # a prefill pass touches every expert
     host_rate = HOST_LOAD_BW / kv_bytes if host_tokens else 0.0
     dtype = "bf16" if kv_dtype_bytes == 2 else "fp8"
@@ -271,17 +225,8 @@ def _b300(
             else f" (--max-running-requests {fit.max_running_total} // dp_size {dp})."
         ),
     ]
-    if dcp > 1:
-        lines += [
-            f"Decode context parallelism (SGLang --dcp-size {dcp}, forward_mla): k_kv / {dcp} = {k_kv * 1e9:.2f} ns"
-            " (each GPU reads its shard of every context);",
-            f"  a + 2 collectives × 61 layers × {DCP_COLLECTIVE_S * 1e6:.0f} µs = {a * 1e3:.2f} ms per step (query"
-            " all-gather, partial-output reduction);",
-            f"  b + {dcp_b * 1e6:.1f} µs = {b * 1e6:.1f} µs per request (61 layers × 64 heads × {dcp - 1}/{dcp}"
-            f" × (576 + 512) bf16 over NVLink {NVLINK_BW / 1e9:.0f} GB/s × U_BW);",
-            f"  k_kvb + {dcp_kvb:.3g} = {k_kvb:.3g} s per cached-prefix token per chunk (the prefix latent"
-            " all-gathered in bf16 for every extend chunk).",
-        ]
+    if dcp_cost is not None:
+        lines += dcp_cost.doc(a, b, k_kv, k_kvb)
     if gpus < 8:
         lines += [
             f"One of {8 // gpus} replicas on the node: SGLang's plain data parallelism (--tp {gpus} --dp {8 // gpus},"

@@ -4,7 +4,7 @@
 # latent token by token over the ranks instead, so the node holds 8 × what one GPU holds:
 #   ≈ 42.1M tokens with fp8 KV (8 × 5.26M rows; SGLang's logical_token_capacity), and a decode step reads
 #   an eighth of every context per GPU. The cost: two collectives per layer per decode step and a gather
-#   of the cached prefix for each prefill chunk (backends/sim/profiles.py, the DCP bullet).
+#   of the cached prefix for each prefill chunk (backends/sim/profile_dcp.py).
 # Simulator profile: b300-tp8-fp8-dcp8. Gateway config: one backend, dp_size 1.
 set -euo pipefail
 

@@ -8,6 +8,7 @@ import pytest
 
 from backends.sim import profiles
 from backends.sim.engine import Engine, EngineRequest
+from backends.sim.profile_constants import DCP_COLLECTIVE_S
 from backends.sim.profiles import get_profile
 from tests.backends.test_engine import blocks, by_kind, run
 
@@ -137,7 +138,7 @@ def test_decode_context_parallelism_shards_the_kv_and_pays_its_collectives() -> 
     assert dcp.kv_tokens == 8 * tp.kv_tokens  # rows per GPU × dcp_size
     assert dcp.k_kv == pytest.approx(tp.k_kv / 8)  # each GPU reads its shard of every context
     assert (dcp.k_attn, dcp.r_lin, dcp.t_experts) == (tp.k_attn, tp.r_lin, tp.t_experts)  # prefill compute as TP8
-    assert dcp.a - tp.a == pytest.approx(2 * 61 * profiles.DCP_COLLECTIVE_S)
+    assert dcp.a - tp.a == pytest.approx(2 * 61 * DCP_COLLECTIVE_S)
     assert dcp.b > tp.b and dcp.k_kvb > tp.k_kvb  # the partial outputs' bytes; the prefix gathered per chunk
     assert dcp.chunked_prefill_size == tp.chunked_prefill_size == 16384  # not a DP setting: no // dp_size
 
