@@ -17,6 +17,8 @@ CONNECT = "connect"
 TIMEOUT = "timeout"
 STATUS_5XX = "status_5xx"
 STREAM_BROKEN = "stream_broken"
+MALFORMED = "malformed"
+"""A stream that ended in bytes that are not HTTP: counts as a broken stream."""
 
 
 def backend_fault(exc: BaseException | None = None, status: int = 0, lagging: bool = False) -> str | None:
@@ -39,7 +41,7 @@ def backend_fault(exc: BaseException | None = None, status: int = 0, lagging: bo
 
 def stream_fault(stream_error: str | None, lagging: bool = False) -> str | None:
     """The breaker kind of a relay that ended with ``stream_error`` (``timeout``, ``stream_broken``)."""
-    if stream_error == STREAM_BROKEN:
+    if stream_error in (STREAM_BROKEN, MALFORMED):
         return STREAM_BROKEN
     if stream_error == TIMEOUT and not lagging:
         return TIMEOUT

@@ -44,7 +44,7 @@ from policies.types import RefusalCode
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 REFUSAL_REASONS: tuple[str, ...] = get_args(RefusalCode)  # the codes are defined once, in policies/types.py
-UPSTREAM_ERROR_KINDS = ("connect", "timeout", "status_5xx", "stream_broken")
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "status_5xx", "stream_broken", "malformed")
 
 TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 4, 8)

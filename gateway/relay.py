@@ -39,9 +39,11 @@ from starlette.types import Send
 
 from gateway.errors import error_body
 from gateway.proxy import SSE_HEADERS, StreamWatch
-from gateway.wire import SILENCE, WireResponse
+from gateway.wire import SILENCE, UpstreamMalformed, WireResponse
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+MALFORMED = "upstream_malformed_response"
+"""The error code of an upstream answer that is not valid HTTP/1.1 (gateway/wire.py)."""
 
 
 def _cut(buffer: bytes) -> int:
@@ -144,8 +146,8 @@ class SseFilter:
         return SILENCE
 
     def broken(self, status: int, message: str, code: str) -> bytes:
-        """The last event of a stream whose upstream broke off (``code``: ``upstream_timeout`` or
-        ``upstream_stream_broken``)."""
+        """The last event of a stream whose upstream broke off (``code``: ``upstream_timeout``,
+        ``upstream_stream_broken`` or ``upstream_malformed_response``)."""
         return b"data: " + error_body(status, message, code) + b"\n\ndata: [DONE]\n\n"
 
     def end(self, rest: bytes) -> bytes:
@@ -180,20 +182,25 @@ async def relay_events(
         else:
             rest = await _relay_loop(response, send, sse)
     except (httpx.TimeoutException, httpx.TransportError) as exc:
-        kind = "timeout" if isinstance(exc, httpx.TimeoutException) else "stream_broken"
+        kind, status, message, code = broken_stream(exc)
         result.stream_error = kind
-        message = (
-            "The upstream stream went silent for too long."
-            if kind == "timeout"
-            else "The upstream connection broke during the stream."
-        )
-        data = sse.broken(504 if kind == "timeout" else 502, message, f"upstream_{kind}")
+        data = sse.broken(status, message, code)
         if data:
             await send({"type": "http.response.body", "body": data, "more_body": True})
             result.client_bytes += len(data)
     last = sse.end(rest)
     await send({"type": "http.response.body", "body": last, "more_body": False})
     result.client_bytes += len(last)
+
+
+def broken_stream(exc: httpx.HTTPError) -> tuple[str, int, str, str]:
+    """How a stream whose upstream failed ends: its ``stream_error`` kind, and the status, message
+    and error code of the surface's last event."""
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout", 504, "The upstream stream went silent for too long.", "upstream_timeout"
+    if isinstance(exc, UpstreamMalformed):
+        return "malformed", 502, "The upstream sent a malformed HTTP response.", MALFORMED
+    return "stream_broken", 502, "The upstream connection broke during the stream.", "upstream_stream_broken"
 
 
 def _step(sse: SseFilter, buffer: bytes, data: bytes) -> tuple[bytes, bytes]:

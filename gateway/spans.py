@@ -45,6 +45,14 @@ def _error_type(exc: BaseException | None) -> str | None:
     return type(exc).__name__
 
 
+_STREAM_ERRORS = {
+    "timeout": "upstream_timeout",
+    "stream_broken": "upstream_stream_broken",
+    "malformed": "upstream_malformed_response",
+}
+"""A broken relay's ``stream_error`` → the span's ``error.type`` (the client's error code)."""
+
+
 class UpstreamSpan:
     """The CLIENT span of one upstream attempt."""
 
@@ -262,8 +270,8 @@ class RequestTrace:
             attrs["cachegate.output_chunks"] = result.output_chunks
         self.span.set_attributes(attrs)
         if (status >= 400 or result.stream_error) and not self._failed:
-            kind = result.stream_error if result.stream_error in ("timeout", "stream_broken") else None
-            error = f"upstream_{kind}" if kind else ("upstream_stream_error" if result.stream_error else str(status))
+            kind = _STREAM_ERRORS.get(result.stream_error or "")
+            error = kind or ("upstream_stream_error" if result.stream_error else str(status))
             self.span.set_attribute("error.type", error)
             self.span.set_status(Status(StatusCode.ERROR, error))
 

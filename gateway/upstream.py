@@ -11,11 +11,14 @@ backend that received the turn (its cache is there) and gives it back otherwise.
 Requests go out on the lean client (``gateway/wire.py``), every surface alike. Only the backend's
 own failures count against it (``backends/failures.py``): a full connection budget is the worker's
 overload (503 ``overloaded`` + ``Retry-After``, no retry, nobody blamed), and a timeout that fired
-while the event loop lagged (``Overload.lagging``) proves nothing about the backend.
+while the event loop lagged (``Overload.lagging``) proves nothing about the backend. A response
+that is not valid HTTP (``UpstreamMalformed``) is a 502 ``upstream_malformed_response``, not retried
+(the backend had the request), logged, counted (``kind="malformed"``) and blamed on the backend.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -23,18 +26,21 @@ from typing import Literal
 import httpx
 from starlette.types import Send
 
-from backends.failures import backend_fault, stream_fault
+from backends.failures import STREAM_BROKEN, backend_fault, stream_fault
 from backends.pool import Backend, BackendPool
 from gateway.dispatch import Dispatcher
 from gateway.errors import GatewayError
 from gateway.metrics import Metrics
 from gateway.proxy import BODY_LIMIT, RETRYABLE, Result, read_body
+from gateway.relay import MALFORMED
+from gateway.spans import UpstreamSpan
 from gateway.surface import ClientRequest, RelayContext, Surface, Target
 from gateway.telemetry import RequestTrace
+from gateway.wire import UpstreamMalformed
 from gateway.wire_pool import WireClient
 from policies.types import Dispatch
 
-BROKEN = ("timeout", "stream_broken")
+BROKEN = ("timeout", "stream_broken", "malformed")
 
 AttemptEnd = Literal["answered", "unreached", "failed", "refused"]
 """How one attempt ended: an answer was relayed; nothing reached the backend (retry elsewhere); the
@@ -42,6 +48,9 @@ backend got the request and the attempt failed (``Exchange.error`` says how); or
 it itself (no upstream connection free: ``Exchange.error`` is 503 ``overloaded``)."""
 
 OVERLOADED = "overloaded"
+MALFORMED_MESSAGE = "The backend sent a malformed HTTP response."
+
+log = logging.getLogger("cachegate")
 
 
 @dataclass(slots=True)
@@ -162,6 +171,10 @@ class Upstream:
                 headers={"retry-after": str(self.retry_after_s)},
             )
             return "refused"
+        except UpstreamMalformed as exc:  # the backend answered, in bytes that are not HTTP: no retry
+            self._malformed(backend, span, exc)
+            exchange.error = GatewayError(502, MALFORMED_MESSAGE, MALFORMED)
+            return "failed"
         except RETRYABLE as exc:
             span.failed("connect", exc)
             m.upstream_errors.labels(backend.name, "connect").inc()
@@ -199,6 +212,11 @@ class Upstream:
                     result.stream_error = "timeout"
                     exchange.error = GatewayError(504, "The backend did not answer in time.", "upstream_timeout")
                     return "failed"
+                except UpstreamMalformed as exc:
+                    result.stream_error = "malformed"
+                    self._malformed(backend, None, exc)
+                    exchange.error = GatewayError(502, MALFORMED_MESSAGE, MALFORMED)
+                    return "failed"
                 except httpx.HTTPError:
                     m.upstream_errors.labels(backend.name, "stream_broken").inc()
                     result.stream_error = "stream_broken"
@@ -225,6 +243,14 @@ class Upstream:
             elif result.stream_error not in BROKEN:
                 self.pool.request_ok(backend)
         return "answered"
+
+    def _malformed(self, backend: Backend, span: UpstreamSpan | None, exc: UpstreamMalformed) -> None:
+        """A response llhttp rejected: a log line, the metric, the span, the backend's breaker."""
+        log.warning("backend %s sent a malformed response: %s", backend.name, exc)
+        self.metrics.upstream_errors.labels(backend.name, "malformed").inc()
+        if span is not None:
+            span.failed("malformed", exc)
+        self._blame(backend, STREAM_BROKEN, str(exc))
 
     def _blame(self, backend: Backend, fault: str | None, detail: str) -> None:
         """Count a failed attempt against ``backend`` if it was the backend's fault (``fault``)."""

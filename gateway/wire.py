@@ -1,15 +1,23 @@
-"""A lean HTTP/1.1 client for the request path: one asyncio protocol per upstream connection.
+"""A lean HTTP/1.1 client for the request path: one asyncio protocol per upstream connection, its
+responses parsed by llhttp (``httptools.HttpResponseParser``, the parser uvicorn runs on requests).
 
 Why not httpx here: relaying a stream through httpx → httpcore → h11 → anyio costs a cancel scope,
-a timeout, a generator chain and an h11 event per chunk; measured (docs/benchmarks.md, "The
-relay"), that was a third of a worker's time. Here a chunk is decoded in ``data_received`` and
-handed to the one task waiting for it, or to a callback (``sink``: the callback relay,
-gateway/relay.py, which can also ``hold`` reading while its client is slow). Per-stream timers
-are re-armed lazily (one wake-up per silence, not one timer per chunk): the idle timeout
-(``ReadTimeout``) and SSE keep-alive (``receive`` returns ``SILENCE``). Errors are httpx's
-exception types, so callers and the failure classification (backends/failures.py) treat both
-clients alike. httpx stays for everything else (health checks, load polls, on the pool's own
-client).
+a timeout, a generator chain and an h11 event per chunk (docs/benchmarks.md, "The relay"). Here
+llhttp's callbacks decode a read in ``data_received`` and hand the data to the one task waiting for
+it, or to a callback (``sink``: the callback relay, gateway/relay.py, which can also ``hold``
+reading while its client is slow). Per-stream timers are re-armed lazily (one wake-up per silence,
+not one timer per chunk): the idle timeout (``ReadTimeout``) and SSE keep-alive (``receive``
+returns ``SILENCE``). Errors are httpx's exception types, so callers and the failure classification
+(backends/failures.py) treat both clients alike; a response llhttp rejects is ``UpstreamMalformed``.
+
+What a hostile or broken upstream cannot do (tests/gateway/test_wire_hostile.py):
+- stall the worker or grow its memory: llhttp rejects bad framing at the byte; a head is capped at
+  ``HEAD_LIMIT``, one chunk at ``CHUNK_LIMIT``;
+- hand a request bytes that are not its response's: a chunk's data is released only once its
+  closing CRLF has been parsed; a connection goes back to the pool only if its response ended
+  exactly where llhttp says and nothing followed; a byte that arrives on an idle pooled connection
+  closes it;
+- pass an interim answer for the answer: 1xx responses are skipped.
 
 Connections are pooled by ``WireClient`` (gateway/wire_pool.py); a response the caller did not read
 to the end closes its connection (a client that leaves closes the upstream).
@@ -21,6 +29,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
+import httptools
 import httpx
 
 if TYPE_CHECKING:
@@ -28,27 +37,18 @@ if TYPE_CHECKING:
 
 SILENCE = b": keepalive\n\n"
 _HIGH_WATER = 1 << 20
+HEAD_LIMIT = 64 << 10
+"""The largest response head read (status line and headers; h11's default is 16 KiB)."""
+CHUNK_LIMIT = 16 << 20
+"""The largest chunk of a chunked body: its data is held until its CRLF is parsed."""
 
 
-def _whole_frames(data: bytes) -> bytes:
-    """The data of the chunk frames ``data`` is made of, joined, if it is nothing but whole frames of
-    data (no last chunk, no extension), else b"" (the read then takes the general way)."""
-    parts: list[bytes] = []
-    pos, n = 0, len(data)
-    while pos < n:
-        i = data.find(b"\r\n", pos, pos + 10)
-        if i < 0:
-            return b""
-        try:
-            size = int(data[pos:i], 16)
-        except ValueError:
-            return b""
-        end = i + 2 + size
-        if not size or data[end : end + 2] != b"\r\n":
-            return b""
-        parts.append(data[i + 2 : end])
-        pos = end + 2
-    return b"".join(parts)
+class UpstreamMalformed(httpx.RemoteProtocolError):
+    """The upstream's bytes are not a valid HTTP/1.1 response (llhttp's reason in the message)."""
+
+
+class _Stop(Exception):
+    """Raised in a parser callback to stop parsing (the reason is already in ``error``)."""
 
 
 class WireResponse(asyncio.Protocol):
@@ -59,19 +59,22 @@ class WireResponse(asyncio.Protocol):
     ) -> None:
         self.client, self.key = client, key
         self.loop = loop or asyncio.get_running_loop()
+        self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
+        self.parked: asyncio.Transport | None = None
+        """The transport while the connection idles in the pool (``transport`` is None then)."""
         self.status_code = 0
         self.headers: dict[str, str] = {}
         """Lower-case names; a repeated header keeps its last value (none the gateway reads repeats)."""
-        self.raw = b""
         self.out: list[bytes] = []
         self.pending = 0
+        self.part: list[bytes] = []
+        self.part_size = 0
+        self.head_size = 0
         self.head_done = False
+        self.interim = False
         self.done = False
         self.chunked = False
-        self.length = -1
-        self.chunk_left = 0
-        self.skip = 0
         self.error: Exception | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.last_rx = self.loop.time()
@@ -87,125 +90,116 @@ class WireResponse(asyncio.Protocol):
         self.sink: Callable[[], None] | None = None
         """Called instead of waking ``receive``'s waiter (a callback relay takes the data itself)."""
         self.direct: Callable[[bytes, bytes], bool] | None = None
-        """The callback relay's fast path: given a read that is exactly one whole chunk frame and its
-        data (or b"" and the data of several whole frames), it relays the data and says True, or
-        declines (False) and the read takes the general way (``out``, then ``sink``)."""
+        """The callback relay's fast path: given a read that was exactly one whole chunk frame and its
+        data (or b"" and the data of the whole chunks a read completed), it relays the data and says
+        True, or declines (False) and the data takes the general way (``out``, then ``sink``)."""
 
-    # ----- protocol callbacks -------------------------------------------------------------------
+    # ----- llhttp's callbacks -------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status < 200:  # 1xx: an interim answer (100 Continue, 103 Early Hints); the real one follows
+            self.interim, self.headers = True, {}
+            return
+        self.status_code = status
+        self.chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
+        self.reusable = self.parser.should_keep_alive()
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        if not self.chunked:
+            self.out.append(body)
+            self.pending += len(body)
+            return
+        self.part_size += len(body)
+        if self.part_size > CHUNK_LIMIT:
+            self._malformed(f"a chunk of more than {CHUNK_LIMIT} bytes")
+        self.part.append(body)
+
+    def on_chunk_complete(self) -> None:
+        if self.part:
+            data = self.part[0] if len(self.part) == 1 else b"".join(self.part)
+            self.part, self.part_size = [], 0
+            self.out.append(data)
+            self.pending += len(data)
+
+    def on_message_begin(self) -> None:
+        if self.done:  # a second response on the connection before any request asked for it
+            self.reusable = False
+            raise _Stop
+
+    def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
+        self.done = True
+
+    def _malformed(self, reason: str) -> None:
+        self.error = self.error or UpstreamMalformed(f"malformed response from upstream: {reason}")
+        raise _Stop
+
+    # ----- the transport's callbacks ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
+        self.transport = self.parked = None
         if not self.done and self.error is None:
-            if self.head_done and not self.chunked and self.length < 0:
-                self.done = True  # body delimited by the close
+            te_or_length = self.chunked or "content-length" in self.headers
+            if self.head_done and not te_or_length and exc is None:
+                self.done = True  # body delimited by the close (llhttp waits for the EOF to say so)
             else:
                 self.error = httpx.RemoteProtocolError("the upstream closed the connection mid-response")
         self._wake()
 
     def data_received(self, data: bytes) -> None:
         self.last_rx = self.loop.time()
-        direct = self.direct
-        if direct is not None and not (self.raw or self.skip or self.chunk_left or self.out):
-            # The steady state of a relayed stream: one read, one chunk frame ``<hex>\r\n<data>\r\n``
-            # (the size line exactly the canonical lower-case hex of the data's length: no extension).
-            i = data.find(b"\r\n")
-            size = len(data) - i - 4
-            if size > 0 and data[:i] == b"%x" % size and data.endswith(b"\r\n"):
-                if direct(data, data[i + 2 : -2]):
-                    return
-            else:  # several whole frames that piled up while the worker was busy: their data in one
-                body = _whole_frames(data)
-                if body and direct(b"", body):
-                    return
+        if self.parked is not None:  # nothing may arrive on an idle connection: it is not ours to read
+            self.parked.close()
+            return
+        if self.done or self.error is not None:
+            self.reusable = False  # bytes past the end of the response: the connection is not reused
+            return
         self.received = True
-        raw = self.raw + data if self.raw else data
-        if not self.head_done:
-            end = raw.find(b"\r\n\r\n")
-            if end < 0:
-                self.raw = raw
-                return
-            self._head(raw[:end])
-            if self.error is not None:
-                self._wake()
-                return
-            raw = raw[end + 4 :]
-            if self.length == 0:
-                self.done = True
-        if self.chunked:
-            self.raw = self._dechunk(raw)
-        else:
-            self.raw = b""
-            if self.length >= 0:
-                raw = raw[: self.length]
-                self.length -= len(raw)
-            if raw:
-                self.out.append(raw)
-                self.pending += len(raw)
-            if self.length == 0:
-                self.done = True
+        fresh, head_was = not self.out and not self.part, self.head_done
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.error = self.error or UpstreamMalformed("malformed response from upstream: a protocol switch")
+        except httptools.HttpParserError as exc:
+            if self.done:
+                self.reusable = False  # whatever followed a complete response
+            elif self.error is None:  # a callback's own reason is kept; else llhttp's
+                cause = exc.__context__ if isinstance(exc.__context__, UpstreamMalformed) else None
+                self.error = cause or UpstreamMalformed(f"malformed response from upstream: {exc}")
+        if not self.head_done and self.error is None:
+            self.head_size += len(data)
+            if self.head_size > HEAD_LIMIT:
+                self.error = UpstreamMalformed(f"malformed response from upstream: a head over {HEAD_LIMIT} bytes")
+        if self.error is not None:
+            self.reusable = False
+            if self.transport is not None:
+                self.transport.close()  # never reused; nothing more is read from it
+        out = self.out
+        if out and fresh and self.direct is not None and self.error is None:
+            body = out[0] if len(out) == 1 else b"".join(out)
+            # A read that was exactly one chunk frame (it began at a chunk's start, ``fresh``) goes
+            # to the relay with its frame, which it may forward as it came.
+            one = len(out) == 1 and self.head_done and len(data) == len(body) + len(b"%x" % len(body)) + 4
+            if self.direct(data if one else b"", body):
+                out.clear()
+                self.pending = 0
+                if not self.done:
+                    return
+        elif not out and not self.done and self.error is None and head_was == self.head_done:
+            return  # nothing new for the reader (a chunk or the head still arriving)
         if self.pending > _HIGH_WATER and not self.paused:
             self._flow()
         self._wake()
-
-    def _head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            self.error = httpx.RemoteProtocolError("malformed upstream status line")
-            return
-        self.status_code = int(parts[1])
-        self.headers = {
-            k.strip().lower().decode("latin-1"): v.strip().decode("latin-1")
-            for k, _, v in (ln.partition(b":") for ln in lines[1:])
-        }
-        self.chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
-        length = self.headers.get("content-length")
-        self.length = int(length) if length and length.isdigit() and not self.chunked else -1
-        if self.status_code in (204, 304):
-            self.length, self.chunked = 0, False
-        self.reusable = (
-            parts[0] == b"HTTP/1.1"
-            and self.headers.get("connection", "").lower() != "close"
-            and (self.chunked or self.length >= 0)
-        )
-        self.head_done = True
-
-    def _dechunk(self, raw: bytes) -> bytes:
-        pos, n = 0, len(raw)
-        while pos < n:
-            if self.skip:  # the CRLF after a chunk's data
-                k = min(self.skip, n - pos)
-                pos += k
-                self.skip -= k
-                continue
-            if self.chunk_left:
-                take = min(self.chunk_left, n - pos)
-                self.out.append(raw[pos : pos + take])
-                self.pending += take
-                pos += take
-                self.chunk_left -= take
-                if not self.chunk_left:
-                    self.skip = 2
-                continue
-            end = raw.find(b"\r\n", pos)
-            if end < 0:
-                break
-            try:
-                size = int(raw[pos:end].split(b";", 1)[0], 16)
-            except ValueError:
-                self.error = httpx.RemoteProtocolError("malformed chunk size from upstream")
-                return b""
-            if size == 0:
-                if raw.find(b"\r\n", end + 2) < 0:
-                    break  # wait for the end of the trailers
-                self.done = True
-                return b""
-            pos = end + 2
-            self.chunk_left = size
-        return raw[pos:]
 
     # ----- the caller's side --------------------------------------------------------------------
 
@@ -331,14 +325,7 @@ class WireResponse(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if (
-            self.transport is not None
-            and self.done
-            and self.reusable
-            and not self.out
-            and self.error is None
-            and not self.raw
-        ):
+        if self.transport is not None and self.done and self.reusable and not self.out and self.error is None:
             self.client.put_back(self)
             return
         if self.transport is not None:

@@ -54,7 +54,7 @@ class WireClient:
         transport = conn.transport
         if conn.paused:
             transport.resume_reading()
-        conn.transport = None
+        conn.transport, conn.parked = None, transport
         now = conn.loop.time()
         idle = self.idle.setdefault(conn.key, deque())
         while idle and (idle[0][1].is_closing() or now - idle[0][0] >= self.keepalive_expiry_s):
