@@ -19,6 +19,7 @@ from gateway.config import TeamConfig
 from gateway.errors import GatewayError
 from gateway.worker import Gateway
 from policies.teams import TeamLimits
+from policies.types import BackendView
 
 TEAM_FIELDS = set(TeamConfig.model_fields)
 
@@ -61,15 +62,34 @@ def team_view(gw: Gateway, name: str) -> dict[str, Any]:
     }
 
 
+def seat_budget(core: object, view: BackendView) -> int | None:
+    """Tokens the admission seats of one rank of ``view`` may reserve (None: no seats, or unknown capacity)."""
+    capacity = getattr(core, "_tier_capacity", None)
+    budget = getattr(core, "_budget", None)
+    if not callable(capacity) or not callable(budget):
+        return None
+    tokens = capacity(view)
+    return int(budget(tokens)) if tokens else None
+
+
 def state_view(gw: Gateway) -> dict[str, Any]:
     backends = {
         b.name: {
             "model": b.model,
+            "engine": b.engine,
             "healthy": b.healthy,
             "running": b.running,
             "waiting": b.waiting,
             "token_usage": b.token_usage,
             "max_total_num_tokens": b.max_total_num_tokens,
+            "capacity": {
+                "kv_tokens_per_rank": b.max_total_num_tokens,
+                "ranks": b.dp_size,
+                "source": b.capacity_source or None,
+                "max_running_requests": b.max_running_requests,
+                "context_tokens": b.max_model_len,
+                "seat_budget_tokens": seat_budget(gw.core, b.view()),
+            },
         }
         for b in (gw.pool.all() if gw.pool else [])
     }

@@ -139,13 +139,15 @@ class Upstream:
         exchange: Exchange,
     ) -> AttemptEnd:
         """One attempt (see ``AttemptEnd``)."""
-        rank = decision.rank if backend.dp_size > 1 else None
+        # The engine's way to pin a DP rank: SGLang's body field (Target.rank), vLLM's header.
+        rank, pin = backend.adapter.pin(decision.rank if backend.dp_size > 1 else None)
         call = surface.upstream(req, Target(backend.name, backend.upstream_model, rank, backend.config))
         url = backend.url + call.path
         headers = {
             "content-type": "application/json",
             "accept": "application/json, text/event-stream",
             **call.headers,
+            **pin,
             "x-request-id": rid,
             **backend.headers(),
         }
