@@ -1,0 +1,68 @@
+"""A vLLM twin behind `cachegate serve`: the gateway reads its capacity from ``vllm:cache_config_info``
+(configured ``engine: vllm`` or detected by ``auto``), so KV-aware admission engages (the seat budget in
+``/admin/state``), and DP ranks are pinned with vLLM's header. Real processes, real HTTP, the openai SDK."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from backends.sim.testing import run_twin, twin_of
+from policies.admission import SeatParams
+from tests.harness import run_gateway
+
+MODEL = "moonshotai/Kimi-K2-Instruct"
+ADMIN = {"authorization": "Bearer t0ken"}
+
+
+def _config(path: Path, backend: dict[str, object]) -> str:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "models": {"kimi": {"upstream_model": MODEL, "backends": [backend]}},
+                "health": {"interval_s": 0.5, "load_interval_s": 0.5},
+            }
+        )
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "auto"])
+def test_a_vllm_twin_gets_kv_aware_admission_from_its_cache_config_info(tmp_path: Path, engine: str) -> None:
+    with (
+        run_twin("b300-dp2-bf16", model=MODEL, time_scale=0.02, engine="vllm") as twin,
+        run_gateway(
+            "--config",
+            _config(tmp_path / "c.yaml", {"url": twin, "name": "v0", "engine": engine, "dp_size": 2}),
+            "--admin-token",
+            "t0ken",
+        ) as base,
+    ):
+        per_rank = twin_of(twin).engine.loads()[0].max_total_num_tokens // 16 * 16
+        state = httpx.get(base + "/admin/state", headers=ADMIN).json()
+        backend = state["backends"]["v0"]
+        assert backend["engine"] == "vllm"
+        assert backend["capacity"]["source"] == "reported"
+        assert backend["capacity"]["kv_tokens_per_rank"] == per_rank
+        assert backend["capacity"]["context_tokens"] == 262_144
+        assert backend["capacity"]["seat_budget_tokens"] == int(SeatParams().admit_water * per_rank)
+
+        client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
+        for i in range(4):
+            out = client.chat.completions.create(
+                model="kimi", max_tokens=8, messages=[{"role": "user", "content": f"conversation {i}: hello"}]
+            )
+            assert out.choices[0].message.content
+        seats = httpx.get(base + "/admin/state", headers=ADMIN).json()["core"]["backends"]
+        assert set(seats) <= {"v0#0", "v0#1"} and sum(s["seats"] for s in seats.values()) >= 1
+        assert all(s["reserved_tokens"] > 0 for s in seats.values() if s["seats"])
+        pinned = [
+            r["headers"].get("x-data-parallel-rank")
+            for r in httpx.get(twin + "/_twin/requests").json()
+            if r.get("path") == "/v1/chat/completions" and "headers" in r
+        ]
+        assert len(pinned) == 4 and set(pinned) <= {"0", "1"}, pinned
