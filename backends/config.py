@@ -40,10 +40,15 @@ class BackendConfig(_Strict):
     kv_tokens: int = Field(0, ge=0)
     """KV tokens per DP rank, for an engine that does not report them (``engine: openai``); when set it
     wins over the reported figure (0: use what the engine reports)."""
+    upstream_model: str | None = None
+    """The model's served name on this backend (a hosted endpoint's own name for it); default: the
+    model's ``upstream_model``."""
     api_key: str | None = None
     """Key sent upstream as ``Authorization: Bearer`` (SGLang ``--api-key``); client keys never are."""
     api_key_env: str | None = None
-    """Name of an environment variable holding the upstream key (preferred over ``api_key``)."""
+    """Name of an environment variable holding the upstream key (preferred over ``api_key``). The key
+    goes in the upstream request's ``Authorization`` header and nowhere else: never logged, never in
+    metrics, traces or error bodies."""
     surfaces: dict[SurfaceName, SurfaceMode] = Field(default_factory=dict)
     """Per surface, overrides the model's ``surfaces`` (e.g. ``{responses: passthrough}``)."""
     host_tier_tokens: int = Field(0, ge=0)

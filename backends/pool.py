@@ -93,7 +93,7 @@ class BackendPool:
                 Backend(
                     alias,
                     b,
-                    config.upstream_model(alias),
+                    b.upstream_model or config.upstream_model(alias),
                     model_surfaces={str(k): str(v) for k, v in model.surfaces.items()},
                     breaker=Breaker(**config.breaker),
                     clock=clock,
