@@ -18,6 +18,7 @@ from gateway.auth import check_token
 from gateway.config import TeamConfig
 from gateway.errors import GatewayError
 from gateway.worker import Gateway
+from policies.admission import SeatedAdmission, SeatParams
 from policies.teams import TeamLimits
 from policies.types import BackendView
 
@@ -62,14 +63,17 @@ def team_view(gw: Gateway, name: str) -> dict[str, Any]:
     }
 
 
-def seat_budget(core: object, view: BackendView) -> int | None:
-    """Tokens the admission seats of one rank of ``view`` may reserve (None: no seats, or unknown capacity)."""
-    capacity = getattr(core, "_tier_capacity", None)
-    budget = getattr(core, "_budget", None)
-    if not callable(capacity) or not callable(budget):
+def seat_budget(gw: Gateway, view: BackendView) -> int | None:
+    """Tokens the admission seats of one rank of ``view`` may reserve: ``admit_water`` × its capacity
+    (GPU pool plus ``host_water`` × a host tier it reloads from; ``policies/admission/sizing.py``), for
+    this replica before its share. None: a stack without seats, or an unknown capacity."""
+    if not isinstance(gw.core, SeatedAdmission) or not view.kv_tokens:
         return None
-    tokens = capacity(view)
-    return int(budget(tokens)) if tokens else None
+    params = SeatParams(**gw.config.admission)
+    capacity = view.kv_tokens
+    if view.host_tokens and view.reload_tokens_per_s > 0:
+        capacity = int(view.kv_tokens + params.host_water * view.host_tokens)
+    return int(params.admit_water * capacity)
 
 
 def state_view(gw: Gateway) -> dict[str, Any]:
@@ -88,7 +92,7 @@ def state_view(gw: Gateway) -> dict[str, Any]:
                 "source": b.capacity_source or None,
                 "max_running_requests": b.max_running_requests,
                 "context_tokens": b.max_model_len,
-                "seat_budget_tokens": seat_budget(gw.core, b.view()),
+                "seat_budget_tokens": seat_budget(gw, b.view()),
             },
         }
         for b in (gw.pool.all() if gw.pool else [])
