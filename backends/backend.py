@@ -11,6 +11,7 @@ from typing import Literal
 from backends.config import BackendConfig
 from backends.engines import EngineAdapter
 from backends.engines.detect import Undetected
+from policies.adaptive_limit import GradientLimit
 from policies.breaker import STATE_CODE, Breaker
 from policies.types import BackendView
 
@@ -56,6 +57,11 @@ class Backend:
     adapter: EngineAdapter = field(default_factory=Undetected)
     """The engine's dialect (``engine: auto`` starts undetected: ``backends/engines/detect.py``)."""
     capacity_source: CapacitySource = ""
+    limiter: GradientLimit | None = None
+    """The learned concurrency limit of an endpoint that publishes no signals (``engine: openai``
+    without a configured ``kv_tokens``); its seats are ``max_running_requests``."""
+    inflight: int = 0
+    """Requests sent to it and not yet answered (counted only where a limiter learns from them)."""
 
     @property
     def engine(self) -> str:

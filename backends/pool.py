@@ -32,6 +32,7 @@ from backends.engines.base import READ_ERRORS
 from backends.engines.base import Reply as Reply
 from backends.engines.detect import Undetected
 from backends.engines.sglang import parse_loads
+from policies.adaptive_limit import GradientLimit, normalised
 from policies.breaker import Breaker
 from policies.types import BackendView
 
@@ -107,6 +108,11 @@ class BackendPool:
             ]
             for alias, model in config.models.items()
         }
+        for backend in self.all():
+            if backend.engine == "openai" and not backend.config.kv_tokens:
+                backend.limiter = GradientLimit()
+                backend.max_running_requests = backend.limiter.seats()
+                backend.capacity_source = "learned"
         self._listeners: list[Listener] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -212,10 +218,11 @@ class BackendPool:
                     configured,
                     info.kv_tokens,
                 )
-        else:
+        elif info.kv_tokens or backend.limiter is None:  # a learned limit stays the source until then
             backend.max_total_num_tokens = info.kv_tokens
             backend.capacity_source = "reported" if info.kv_tokens else ""
-        backend.max_running_requests = info.max_running_requests
+        if backend.limiter is None:
+            backend.max_running_requests = info.max_running_requests
         backend.reported_dp_size = info.dp_ranks
         if backend.reported_dp_size and backend.dp_size not in (1, backend.reported_dp_size):
             log.warning(
@@ -283,6 +290,20 @@ class BackendPool:
             backend.max_total_num_tokens = load.kv_tokens
             backend.capacity_source = "reported"
         backend.loads_at = backend.clock()
+
+    def observe_latency(
+        self, backend: Backend, ttft_s: float, prompt_tokens: int, cached_tokens: int, inflight: int
+    ) -> None:
+        """A streamed answer's time to first token from a backend whose limit is learned: the limiter
+        (``policies/adaptive_limit.py``) moves, and admission hears of a new seat count."""
+        limiter = backend.limiter
+        if limiter is None:
+            return
+        before = limiter.seats()
+        limiter.observe(normalised(ttft_s, prompt_tokens, cached_tokens), inflight, backend.clock())
+        if limiter.seats() != before:
+            backend.max_running_requests = limiter.seats()
+            self._changed(backend.model)
 
     def mark_ok(self, backend: Backend) -> None:
         """A passed health check (also the half-open probe of an open breaker)."""

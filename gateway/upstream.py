@@ -16,6 +16,7 @@ while the event loop lagged (``Overload.lagging``) proves nothing about the back
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -109,7 +110,10 @@ class Upstream:
             backend = self.pool.get(req.model, decision.backend)
             exchange.backend = backend.name
             exchange.reached_backend = True  # until the attempt proves otherwise
-            end = await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+            if backend.limiter is None:
+                end = await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+            else:  # an endpoint without signals: its latency teaches its concurrency limit
+                end = await self._learning(rid, req, surface, decision, backend, send, trace, exchange)
             if end == "refused":
                 exchange.reached_backend = False
             if end != "unreached":
@@ -126,6 +130,31 @@ class Upstream:
             502, f"Could not reach a backend for model '{req.model}'.", "upstream_unreachable"
         )
         return exchange
+
+    async def _learning(
+        self,
+        rid: str,
+        req: ClientRequest,
+        surface: Surface,
+        decision: Dispatch,
+        backend: Backend,
+        send: Send,
+        trace: RequestTrace,
+        exchange: Exchange,
+    ) -> AttemptEnd:
+        """``_attempt``, counting the backend's requests in flight and giving the pool the streamed
+        answer's time to first token (``BackendPool.observe_latency``)."""
+        backend.inflight += 1
+        inflight, sent = backend.inflight, time.monotonic()
+        try:
+            return await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+        finally:
+            backend.inflight -= 1
+            result = exchange.result
+            if req.stream and exchange.status == 200 and result.first_token_at is not None:
+                self.pool.observe_latency(
+                    backend, result.first_token_at - sent, result.prompt_tokens, result.cached_tokens, inflight
+                )
 
     async def _attempt(
         self,

@@ -66,6 +66,7 @@ class GradientLimit:
         self.recent: deque[float] = deque(maxlen=short_window)
         self.history: deque[float] = deque(maxlen=long_window)
         self.updated_at = 0.0
+        self.samples = 0
 
     @property
     def short(self) -> float:
@@ -79,6 +80,7 @@ class GradientLimit:
         """One sample; returns the new limit."""
         if latency_s <= 0 or not math.isfinite(latency_s):
             return self.limit
+        self.samples += 1
         self.recent.append(latency_s)
         self.history.append(latency_s)
         self.updated_at = now

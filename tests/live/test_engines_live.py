@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -66,3 +67,37 @@ def test_a_vllm_twin_gets_kv_aware_admission_from_its_cache_config_info(tmp_path
             if r.get("path") == "/v1/chat/completions" and "headers" in r
         ]
         assert len(pinned) == 4 and set(pinned) <= {"0", "1"}, pinned
+
+
+def test_an_endpoint_without_signals_gets_a_learned_limit_that_caps_what_reaches_it(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    backend = {"url": "", "name": "hosted", "engine": "openai"}
+    with run_twin("tiny", model=MODEL, time_scale=0.2, engine="vllm") as twin:
+        backend["url"] = twin
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "models": {"kimi": {"upstream_model": MODEL, "backends": [backend]}},
+                    "admission": {"idle_release_s": 0.5},  # seats of finished conversations come back fast
+                }
+            )
+        )
+        with run_gateway("--config", str(cfg), "--admin-token", "t0ken") as base:
+            capacity = httpx.get(base + "/admin/state", headers=ADMIN).json()["backends"]["hosted"]["capacity"]
+            assert capacity["source"] == "learned" and capacity["kv_tokens_per_rank"] == 0
+            assert capacity["max_running_requests"] == 8 and capacity["learned"]["samples"] == 0
+
+            def turn(i: int) -> int:
+                body = {"model": "kimi", "stream": True, "max_tokens": 60, "ignore_eos": True,
+                        "messages": [{"role": "user", "content": f"conversation {i}"}]}  # fmt: skip
+                with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=60) as r:
+                    return r.status_code if b"[DONE]" in b"".join(r.iter_raw()) else -1
+
+            with ThreadPoolExecutor(16) as pool:
+                codes = list(pool.map(turn, range(16)))
+            learned = httpx.get(base + "/admin/state", headers=ADMIN).json()["backends"]["hosted"]["capacity"]
+        peak = twin_of(twin).max_live
+    assert codes == [200] * 16
+    assert learned["learned"]["samples"] == 16  # every streamed answer's time to first token was a sample
+    # 16 conversations at once, at most running_overbook (1.2) × the learned 8 seats reached the endpoint.
+    assert 4 <= peak <= 10, peak
