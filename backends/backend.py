@@ -58,8 +58,8 @@ class Backend:
     """The engine's dialect (``engine: auto`` starts undetected: ``backends/engines/detect.py``)."""
     capacity_source: CapacitySource = ""
     limiter: GradientLimit | None = None
-    """The learned concurrency limit of an endpoint that publishes no signals (``engine: openai``
-    without a configured ``kv_tokens``); its seats are ``max_running_requests``."""
+    """The capacity learned from latency of an endpoint that publishes no signals (``engine: openai``
+    without a configured ``kv_tokens``): ``max_total_num_tokens`` when learned."""
     inflight: int = 0
     """Requests sent to it and not yet answered (counted only where a limiter learns from them)."""
 

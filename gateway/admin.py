@@ -95,7 +95,11 @@ def state_view(gw: Gateway) -> dict[str, Any]:
                 "seat_budget_tokens": seat_budget(gw, b.view()),
                 "learned": None
                 if b.limiter is None
-                else {"limit": round(b.limiter.limit, 2), "samples": b.limiter.samples, "inflight": b.inflight},
+                else {
+                    "limit": round(b.limiter.limit, 2),
+                    "samples": b.limiter.samples,
+                    "inflight": b.inflight,
+                },
             },
         }
         for b in (gw.pool.all() if gw.pool else [])

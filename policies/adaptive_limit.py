@@ -20,14 +20,13 @@ Per sample (``latency_s``: a request's time to first token over its expected cos
 - ``limit ← clip((1 − smoothing) · limit + smoothing · target, floor, ceiling)``.
 
 The first ``short_window`` samples only fill the windows. ``seats()`` is the integer limit admission
-uses as a backend's seat count (``BackendView.max_running_requests``). A cliff (an engine that starts
-evicting and recomputing past some concurrency) is found and held; a gentle slope is tolerated up to
-``tolerance`` times the baseline, and the baseline itself follows a sustained rise over ``long_window``
-samples (the limiter has no ground truth for "too slow" beyond the backend's own past).
+uses as a backend's seat count (``BackendView.max_running_requests``; a rank holding more seats than a
+fallen limit gives one up at its next turn: ``policies/admission/sizing.py::_over_limit``).
 
-Parameters and defaults: ``initial=8``, ``floor=2``, ``ceiling=256``, ``short_window=16``,
+Parameters and defaults: ``initial=4``, ``floor=2``, ``ceiling=256``, ``short_window=16``,
 ``long_window=500``, ``base_quantile=0.25``, ``tolerance=2.0``, ``min_gradient=0.5`` (at most halved per
-sample, before smoothing), ``smoothing=0.2``; ``normalised``: ``norm_tokens=8192``.
+sample, before smoothing), ``smoothing=0.05``; ``normalised``: ``norm_tokens=8192``. The defaults
+were chosen on the simulator (``docs/engines.md``: a small grid on ``b300-tp8-bf16`` at 48 conversations).
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ def normalised(ttft_s: float, prompt_tokens: int, cached_tokens: int, norm_token
 class GradientLimit:
     def __init__(
         self,
-        initial: float = 8,
+        initial: float = 4,
         floor: float = 2,
         ceiling: float = 256,
         short_window: int = 16,
@@ -53,7 +52,7 @@ class GradientLimit:
         base_quantile: float = 0.25,
         tolerance: float = 2.0,
         min_gradient: float = 0.5,
-        smoothing: float = 0.2,
+        smoothing: float = 0.05,
     ) -> None:
         if not 0 < floor <= initial <= ceiling:
             raise ValueError("need 0 < floor <= initial <= ceiling")
