@@ -23,7 +23,7 @@ The first ``short_window`` samples only fill the windows. ``seats()`` is the int
 uses as a backend's seat count (``BackendView.max_running_requests``; a rank holding more seats than a
 fallen limit gives one up at its next turn: ``policies/admission/sizing.py::_over_limit``).
 
-Parameters and defaults: ``initial=4``, ``floor=2``, ``ceiling=256``, ``short_window=16``,
+Parameters and defaults: ``initial=8``, ``floor=2``, ``ceiling=256``, ``short_window=16``,
 ``long_window=500``, ``base_quantile=0.25``, ``tolerance=2.0``, ``min_gradient=0.5`` (at most halved per
 sample, before smoothing), ``smoothing=0.05``; ``normalised``: ``norm_tokens=8192``. The defaults
 were chosen on the simulator (``docs/engines.md``: a small grid on ``b300-tp8-bf16`` at 48 conversations).
@@ -44,7 +44,7 @@ def normalised(ttft_s: float, prompt_tokens: int, cached_tokens: int, norm_token
 class GradientLimit:
     def __init__(
         self,
-        initial: float = 4,
+        initial: float = 8,
         floor: float = 2,
         ceiling: float = 256,
         short_window: int = 16,

@@ -72,8 +72,8 @@ def test_bad_parameters_and_samples() -> None:
         GradientLimit(initial=1, floor=2)
     limit = GradientLimit()
     for bad in (0.0, -1.0, float("nan"), float("inf")):
-        assert limit.observe(bad, 8, 0.0) == 4
-    assert limit.seats() == 4
+        assert limit.observe(bad, 8, 0.0) == 8
+    assert limit.seats() == 8
 
 
 def test_a_seated_conversation_gives_up_its_seat_when_its_ranks_learned_limit_falls() -> None:
