@@ -24,9 +24,10 @@ uses as a backend's seat count (``BackendView.max_running_requests``; a rank hol
 fallen limit gives one up at its next turn: ``policies/admission/sizing.py::_over_limit``).
 
 Parameters and defaults: ``initial=8``, ``floor=2``, ``ceiling=256``, ``short_window=16``,
-``long_window=500``, ``base_quantile=0.25``, ``tolerance=2.0``, ``min_gradient=0.5`` (at most halved per
+``long_window=500``, ``base_quantile=0.25``, ``tolerance=2.2``, ``min_gradient=0.5`` (at most halved per
 sample, before smoothing), ``smoothing=0.05``; ``normalised``: ``norm_tokens=8192``. The defaults
-were chosen on the simulator (``docs/engines.md``: a small grid on ``b300-tp8-bf16`` at 48 conversations).
+were chosen on the simulator (``docs/engines.md``: small grids on ``b300-tp8-bf16`` at 16 and 48 conversations
+and ``b300-tp8-fp8-hicache`` at 48 and 64, seed 1).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class GradientLimit:
         short_window: int = 16,
         long_window: int = 500,
         base_quantile: float = 0.25,
-        tolerance: float = 2.0,
+        tolerance: float = 2.2,
         min_gradient: float = 0.5,
         smoothing: float = 0.05,
     ) -> None:
