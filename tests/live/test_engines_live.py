@@ -101,3 +101,36 @@ def test_an_endpoint_without_signals_gets_a_learned_limit_that_caps_what_reaches
     assert learned["learned"]["samples"] == 16  # every streamed answer's time to first token was a sample
     # 16 conversations at once: the learned limit (8 until 16 samples move it) let at most 1.2 × 8 through.
     assert 4 <= peak <= 10, peak
+
+
+def test_a_mixed_fleet_behind_one_alias(tmp_path: Path) -> None:
+    """An SGLang twin and a vLLM twin under one model, both detected: every conversation completes its
+    turns, both engines serve, and each backend's capacity is what its own engine reported."""
+    with (
+        run_twin("tiny", model=MODEL, time_scale=0.02) as sglang,
+        run_twin("tiny", model=MODEL, time_scale=0.02, engine="vllm") as vllm,
+    ):
+        cfg = tmp_path / "c.yaml"
+        backends = [{"url": sglang, "name": "s0"}, {"url": vllm, "name": "v0"}]
+        cfg.write_text(yaml.safe_dump({"models": {"kimi": {"upstream_model": MODEL, "backends": backends}}}))
+        with run_gateway("--config", str(cfg), "--admin-token", "t0ken") as base:
+            state = httpx.get(base + "/admin/state", headers=ADMIN).json()["backends"]
+            assert {n: b["engine"] for n, b in state.items()} == {"s0": "sglang", "v0": "vllm"}
+            assert state["s0"]["capacity"]["kv_tokens_per_rank"] == twin_of(sglang).engine.max_total_num_tokens
+            assert state["v0"]["capacity"]["kv_tokens_per_rank"] == twin_of(vllm).engine.max_total_num_tokens
+            assert all(b["capacity"]["source"] == "reported" for b in state.values())
+            client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
+
+            def conversation(i: int) -> int:
+                messages: list[dict[str, str]] = [{"role": "user", "content": f"conversation {i} " + "x" * 2000}]
+                for _ in range(2):
+                    out = client.chat.completions.create(model="kimi", max_tokens=16, messages=messages)
+                    messages += [{"role": "assistant", "content": out.choices[0].message.content or ""},
+                                 {"role": "user", "content": "go on"}]  # fmt: skip
+                return 2
+
+            with ThreadPoolExecutor(8) as pool:
+                turns = list(pool.map(conversation, range(8)))
+        served = {name: twin_of(url).engine.counters.requests for name, url in (("s0", sglang), ("v0", vllm))}
+    assert turns == [2] * 8
+    assert sum(served.values()) == 16 and all(served.values()), served
