@@ -46,7 +46,10 @@ class Scrape:
     def __init__(self, text: str) -> None:
         self.values: dict[str, dict[str, float]] = defaultdict(dict)
         self.cache_info: dict[str, dict[str, str]] = {}
-        for family in text_string_to_metric_families(text):
+        # vLLM's /metrics runs to hundreds of series (histogram buckets): parse only the families read,
+        # once a second per backend on the gateway's loop.
+        kept = "\n".join(ln for ln in text.splitlines() if ln.startswith(READ) or _describes(ln))
+        for family in text_string_to_metric_families(kept + "\n"):
             if family.name not in READ:
                 continue
             for sample in family.samples:
@@ -75,6 +78,12 @@ class Scrape:
 
     def total(self, name: str) -> float:
         return sum(self.values.get(name, {}).values())
+
+
+def _describes(line: str) -> bool:
+    """A ``# HELP`` or ``# TYPE`` line of a family the adapter reads."""
+    parts = line.split(" ", 3)
+    return len(parts) > 2 and parts[0] == "#" and parts[2].startswith(READ)
 
 
 def _int(text: str | None) -> int:
