@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# so none of its GPU stack; msgspec is the one light package its protocol.py adds.
 	$(BIN)/pip install -q --no-deps sglang==0.5.23
 	$(BIN)/pip install -q 'msgspec>=0.18'
+	# vLLM's own source for the vLLM adapter's and twin's fidelity tests (metric declarations, routes,
+	# protocol models), read as text or under stub parents (backends/sim/vllm_ref.py): nothing of it
+	# imports without torch, so no deps.
+	$(BIN)/pip install -q --no-deps vllm==0.33.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -17,6 +17,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+EngineName = Literal["sglang", "vllm", "openai", "auto"]
+"""A backend's engine dialect (``backends/engines/``, ``docs/engines.md``): ``auto`` detects it from what
+the server answers."""
 SurfaceName = Literal["responses", "messages"]
 SurfaceMode = Literal["passthrough", "translate", "auto"]
 """How a backend answers a client surface other than chat: ``passthrough`` (post the client's API to
@@ -28,12 +31,24 @@ class BackendConfig(_Strict):
     url: str
     name: str | None = None
     """Defaults to host:port of the url."""
+    engine: EngineName = "auto"
+    """Which engine serves this URL: what the pool reads from it and how a DP rank is pinned."""
     dp_size: int = Field(1, ge=1)
-    """Data-parallel attention ranks behind this URL (SGLang ``--dp N --enable-dp-attention``)."""
+    """Data-parallel ranks behind this URL (SGLang ``--dp N --enable-dp-attention``; vLLM
+    ``--data-parallel-size N`` with its internal load balancing; with vLLM's external load balancing,
+    one backend per rank's port instead)."""
+    kv_tokens: int = Field(0, ge=0)
+    """KV tokens per DP rank, for an engine that does not report them (``engine: openai``); when set it
+    wins over the reported figure (0: use what the engine reports)."""
+    upstream_model: str | None = None
+    """The model's served name on this backend (a hosted endpoint's own name for it); default: the
+    model's ``upstream_model``."""
     api_key: str | None = None
     """Key sent upstream as ``Authorization: Bearer`` (SGLang ``--api-key``); client keys never are."""
     api_key_env: str | None = None
-    """Name of an environment variable holding the upstream key (preferred over ``api_key``)."""
+    """Name of an environment variable holding the upstream key (preferred over ``api_key``). The key
+    goes in the upstream request's ``Authorization`` header and nowhere else: never logged, never in
+    metrics, traces or error bodies."""
     surfaces: dict[SurfaceName, SurfaceMode] = Field(default_factory=dict)
     """Per surface, overrides the model's ``surfaces`` (e.g. ``{responses: passthrough}``)."""
     host_tier_tokens: int = Field(0, ge=0)
@@ -53,6 +68,8 @@ class BackendConfig(_Strict):
 
     @model_validator(mode="after")
     def _name(self) -> BackendConfig:
+        if self.engine == "openai" and self.dp_size > 1:
+            raise ValueError("engine: openai has no DP ranks to address (dp_size must be 1)")
         if (self.host_tier_tokens > 0) != (self.host_load_tokens_per_s > 0):
             raise ValueError("host_tier_tokens and host_load_tokens_per_s are set together (a host tier needs both)")
         if not self.name:

@@ -1,4 +1,8 @@
-"""The pool of SGLang backends: health checks, load polls, capacity and circuit breakers.
+"""The pool of backends: health checks, info reads, load polls, capacity and circuit breakers.
+
+Where each signal comes from is the backend's engine adapter's business (``backends/engines/``:
+SGLang, vLLM, a signal-less OpenAI-compatible endpoint, or ``auto``, detected from what the server
+answers and logged once); the schedule and the bookkeeping are the pool's.
 
 A backend is in rotation while its health checks pass (``failures_to_eject`` failures in a row
 take it out, the next success puts it back) and its circuit breaker (``policies/breaker.py``) is
@@ -15,115 +19,27 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
 from backends.aio import cancel_and_wait
-from backends.config import BackendConfig, PoolConfig
-from policies.breaker import STATE_CODE, Breaker
+from backends.backend import DEFAULT_MODE as DEFAULT_MODE
+from backends.backend import Backend as Backend
+from backends.config import PoolConfig
+from backends.engines import Fetch, Info, Load, detect, make
+from backends.engines.base import READ_ERRORS
+from backends.engines.base import Reply as Reply
+from backends.engines.detect import Undetected
+from backends.engines.sglang import parse_loads
+from policies.adaptive_limit import GradientLimit, normalised
+from policies.breaker import Breaker
 from policies.types import BackendView
 
 log = logging.getLogger("cachegate.pool")
-DEFAULT_MODE = "translate"
-"""Responses and Messages are translated to chat unless configured otherwise (``docs/clients.md``)."""
-
-
-@dataclass(slots=True)
-class Backend:
-    model: str
-    config: BackendConfig
-    upstream_model: str
-    health_ok: bool = False
-    breaker: Breaker = field(default_factory=Breaker)
-    clock: Callable[[], float] = time.monotonic
-    """The pool's clock (the simulator's virtual one there)."""
-    failures: int = 0
-    last_error: str = ""
-    max_total_num_tokens: int = 0
-    reported_dp_size: int | None = None
-    max_running_requests: int = 0
-    """Per DP rank (``/get_server_info``; 0: unknown): a seat budget as much as the token pool."""
-    host_tokens: int = 0
-    """Host-tier (HiCache) tokens per DP rank (0: none; from the config's ``host_tier_tokens``)."""
-    reload_tokens_per_s: float = 0.0
-    """How fast a host-tier hit is loaded back (0: no host tier)."""
-    running: int = 0
-    waiting: int = 0
-    token_usage: float = 0.0
-    cache_hit_rate: float = 0.0
-    loads_at: float = 0.0
-    served_models: list[str] = field(default_factory=list)
-    info_fetched: bool = False
-    max_model_len: int = 0
-    """The context window the engine serves (``/get_model_info`` or ``/get_server_info``; 0: unknown)."""
-    routes: frozenset[str] | None = None
-    """The paths the backend's ``/openapi.json`` lists (None: not read yet, or not served)."""
-    model_surfaces: dict[str, str] = field(default_factory=dict)
-    """The model's ``surfaces`` modes (a backend's own ``surfaces`` override them)."""
-
-    @property
-    def name(self) -> str:
-        return self.config.name or self.config.url
-
-    @property
-    def healthy(self) -> bool:
-        return self.health_ok and self.breaker.routable(self.clock())
-
-    @property
-    def breaker_state(self) -> int:
-        """The breaker's state, or open while failed health checks keep the backend out of rotation
-        (every way out of rotation shows here)."""
-        if not self.health_ok:
-            return STATE_CODE["open"]
-        return STATE_CODE[self.breaker.state(self.clock())]
-
-    @property
-    def url(self) -> str:
-        return self.config.url
-
-    @property
-    def dp_size(self) -> int:
-        return self.config.dp_size
-
-    def headers(self) -> dict[str, str]:
-        key = self.config.upstream_key()
-        return {"authorization": f"Bearer {key}"} if key else {}
-
-    def mode(self, surface: str, route: str) -> str:
-        """``passthrough`` or ``translate`` for a client surface (config, else what the backend serves)."""
-        mode = self.config.surfaces.get(surface) or self.model_surfaces.get(surface) or DEFAULT_MODE  # type: ignore[call-overload]
-        if mode == "auto":
-            return "passthrough" if self.routes is not None and route in self.routes else "translate"
-        return str(mode)
-
-    def view(self) -> BackendView:
-        return BackendView(
-            self.name,
-            self.healthy,
-            self.max_total_num_tokens,
-            self.dp_size,
-            self.running,
-            self.waiting,
-            self.token_usage,
-            max_running_requests=self.max_running_requests,
-            host_tokens=self.host_tokens,
-            reload_tokens_per_s=self.reload_tokens_per_s,
-            context_tokens=self.max_model_len,
-        )
 
 
 Listener = Callable[[str, list[BackendView]], None]
-
-
-class Reply(Protocol):
-    """A whole answer to a GET (``httpx.Response`` is one)."""
-
-    @property
-    def status_code(self) -> int: ...
-
-    def json(self) -> Any: ...
 
 
 class Getter(Protocol):
@@ -178,17 +94,25 @@ class BackendPool:
                 Backend(
                     alias,
                     b,
-                    config.upstream_model(alias),
+                    b.upstream_model or config.upstream_model(alias),
                     model_surfaces={str(k): str(v) for k, v in model.surfaces.items()},
                     breaker=Breaker(**config.breaker),
                     clock=clock,
                     host_tokens=b.host_tier_tokens,  # SGLang does not report its host tier: configured
                     reload_tokens_per_s=b.host_load_tokens_per_s,
+                    adapter=make(b.engine),
+                    max_total_num_tokens=b.kv_tokens,
+                    capacity_source="configured" if b.kv_tokens else "",
                 )
                 for b in model.backends
             ]
             for alias, model in config.models.items()
         }
+        for backend in self.all():
+            if backend.engine == "openai" and not backend.config.kv_tokens:
+                backend.limiter = GradientLimit()
+                backend.max_running_requests = backend.limiter.seats()
+                backend.capacity_source = "learned"
         self._listeners: list[Listener] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -244,11 +168,18 @@ class BackendPool:
         assert self.client is not None, "a pool without a client is fed by its caller, never polled"
         return await self.client.get(backend.url + path, backend.headers(), self.config.health.timeout_s)
 
+    def _fetcher(self, backend: Backend) -> Fetch:
+        async def get(path: str) -> Reply:
+            return await self._get(backend, path)
+
+        return get
+
     async def _check(self, backend: Backend, first: bool = False) -> None:
+        path = backend.adapter.health_path
         try:
-            response = await self._get(backend, "/health")
+            response = await self._get(backend, path)
             ok = response.status_code == 200
-            error = "" if ok else f"/health answered {response.status_code}"
+            error = "" if ok else f"{path} answered {response.status_code}"
         except httpx.HTTPError as exc:
             ok, error = False, f"{type(exc).__name__}: {exc}"
         if ok:
@@ -259,53 +190,73 @@ class BackendPool:
             self.mark_failure(backend, error)
 
     async def _fetch_info(self, backend: Backend, check_models: bool) -> None:
-        try:
-            info = (await self._get(backend, "/get_server_info")).json()
-            backend.max_total_num_tokens = int(info.get("max_total_num_tokens") or 0)
-            backend.max_running_requests = int(info.get("max_running_requests") or 0)  # per DP rank: a seat budget
-            dp = info.get("dp_size")
-            backend.reported_dp_size = int(dp) if dp else None
-            if backend.reported_dp_size and backend.dp_size not in (1, backend.reported_dp_size):
-                log.warning(
-                    "backend %s: configured dp_size=%d but the server reports dp_size=%d",
-                    backend.name,
-                    backend.dp_size,
-                    backend.reported_dp_size,
-                )
-            backend.max_model_len = int(info.get("max_model_len") or info.get("context_length") or 0)
-            backend.info_fetched = True
-        except (httpx.HTTPError, ValueError, TypeError) as exc:
-            log.warning("backend %s: could not read /get_server_info: %s", backend.name, exc)
-        await self._fetch_features(backend)
+        get = self._fetcher(backend)
+        if isinstance(backend.adapter, Undetected):
+            adapter, info, error = await detect(get)
+            if adapter is not None:
+                backend.adapter = adapter
+                log.info("backend %s (%s): engine detected: %s", backend.name, backend.url, adapter.name)
+        else:
+            info, error = await backend.adapter.read_info(get)
+        if error is None:
+            self._apply_info(backend, info)
+        else:
+            backend.max_model_len = info.max_model_len or backend.max_model_len
+            log.warning("backend %s: could not read %s: %s", backend.name, backend.adapter.info_route, error)
+        await self._fetch_routes(backend)
         if check_models:
-            try:
-                data = (await self._get(backend, "/v1/models")).json()
-                cards = [m for m in data.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)]
-                backend.served_models = [m["id"] for m in cards]
-                for card in cards:  # the model's context window: requests past it are refused at once
-                    window = card.get("max_model_len")
-                    if card["id"] == backend.upstream_model and isinstance(window, int) and window > 0:
-                        backend.max_model_len = window
-                if backend.upstream_model not in backend.served_models:
-                    log.warning(
-                        "backend %s serves %s, not the configured upstream model %r (model %r)",
-                        backend.name,
-                        backend.served_models,
-                        backend.upstream_model,
-                        backend.model,
-                    )
-            except (httpx.HTTPError, ValueError, AttributeError) as exc:
-                log.warning("backend %s: could not read /v1/models: %s", backend.name, exc)
+            await self._fetch_models(backend)
 
-    async def _fetch_features(self, backend: Backend) -> None:
-        """The context window (``/get_model_info``) and the routes served (``/openapi.json``)."""
+    @staticmethod
+    def _apply_info(backend: Backend, info: Info) -> None:
+        configured = backend.config.kv_tokens
+        if configured:
+            if info.kv_tokens and info.kv_tokens != configured:
+                log.warning(
+                    "backend %s: configured kv_tokens=%d, the server reports %d per rank (configured holds)",
+                    backend.name,
+                    configured,
+                    info.kv_tokens,
+                )
+        elif info.kv_tokens or backend.limiter is None:  # a learned limit stays the source until then
+            backend.max_total_num_tokens = info.kv_tokens
+            backend.capacity_source = "reported" if info.kv_tokens else ""
+        if backend.limiter is None:
+            backend.max_running_requests = info.max_running_requests
+        backend.reported_dp_size = info.dp_ranks
+        if backend.reported_dp_size and backend.dp_size not in (1, backend.reported_dp_size):
+            log.warning(
+                "backend %s: configured dp_size=%d but the server reports dp_size=%d",
+                backend.name,
+                backend.dp_size,
+                backend.reported_dp_size,
+            )
+        backend.max_model_len = info.max_model_len
+        backend.info_fetched = True
+
+    async def _fetch_models(self, backend: Backend) -> None:
+        """``/v1/models``: the served names, and the model's context window (a request past it is refused at once)."""
         try:
-            response = await self._get(backend, "/get_model_info")
-            if response.status_code == 200:
-                length = int(response.json().get("max_model_len") or 0)
-                backend.max_model_len = length or backend.max_model_len
-        except (httpx.HTTPError, ValueError, TypeError, AttributeError):
-            pass
+            data = (await self._get(backend, "/v1/models")).json()
+            cards = [m for m in data.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)]
+            backend.served_models = [m["id"] for m in cards]
+            for card in cards:
+                window = card.get("max_model_len")
+                if card["id"] == backend.upstream_model and isinstance(window, int) and window > 0:
+                    backend.max_model_len = window
+            if backend.upstream_model not in backend.served_models:
+                log.warning(
+                    "backend %s serves %s, not the configured upstream model %r (model %r)",
+                    backend.name,
+                    backend.served_models,
+                    backend.upstream_model,
+                    backend.model,
+                )
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.warning("backend %s: could not read /v1/models: %s", backend.name, exc)
+
+    async def _fetch_routes(self, backend: Backend) -> None:
+        """The routes served (``/openapi.json``), for surfaces in ``auto`` mode."""
         try:
             response = await self._get(backend, "/openapi.json")
             paths = response.json().get("paths") if response.status_code == 200 else None
@@ -315,27 +266,44 @@ class BackendPool:
 
     async def _poll_load(self, backend: Backend) -> None:
         try:
-            response = await self._get(backend, "/v1/loads")
-            if response.status_code != 200:
-                return
-            self._apply_loads(backend, response.json())
-        except (httpx.HTTPError, ValueError, TypeError):
-            return
+            load = await backend.adapter.read_load(self._fetcher(backend))
+        except READ_ERRORS:
+            return  # not answered (or not 200): nothing changed
+        if load is not None:
+            self._apply_load(backend, load)
         self._changed(backend.model)
 
     @staticmethod
     def _apply_loads(backend: Backend, data: dict[str, Any]) -> None:
-        loads = data.get("loads") or []
-        if not loads:
-            return
-        backend.running = sum(int(r.get("num_running_reqs") or 0) for r in loads)
-        backend.waiting = sum(int(r.get("num_waiting_reqs") or 0) for r in loads)
-        backend.token_usage = max(float(r.get("token_usage") or 0.0) for r in loads)
-        backend.cache_hit_rate = sum(float(r.get("cache_hit_rate") or 0.0) for r in loads) / len(loads)
-        total = int(loads[0].get("max_total_num_tokens") or 0)
-        if total:
-            backend.max_total_num_tokens = total
+        """An SGLang ``/v1/loads`` answer (the simulator feeds its engines' loads through here)."""
+        load = parse_loads(data)
+        if load is not None:
+            BackendPool._apply_load(backend, load)
+
+    @staticmethod
+    def _apply_load(backend: Backend, load: Load) -> None:
+        backend.running = load.running
+        backend.waiting = load.waiting
+        backend.token_usage = load.token_usage
+        backend.cache_hit_rate = load.cache_hit_rate
+        if load.kv_tokens and not backend.config.kv_tokens:
+            backend.max_total_num_tokens = load.kv_tokens
+            backend.capacity_source = "reported"
         backend.loads_at = backend.clock()
+
+    def observe_latency(
+        self, backend: Backend, ttft_s: float, prompt_tokens: int, cached_tokens: int, inflight: int
+    ) -> None:
+        """A streamed answer's time to first token from a backend whose limit is learned: the limiter
+        (``policies/adaptive_limit.py``) moves, and admission hears of a new seat count."""
+        limiter = backend.limiter
+        if limiter is None:
+            return
+        before = limiter.seats()
+        limiter.observe(normalised(ttft_s, prompt_tokens, cached_tokens), inflight, backend.clock())
+        if limiter.seats() != before:
+            backend.max_running_requests = limiter.seats()
+            self._changed(backend.model)
 
     def mark_ok(self, backend: Backend) -> None:
         """A passed health check (also the half-open probe of an open breaker)."""

@@ -18,7 +18,9 @@ from gateway.auth import check_token
 from gateway.config import TeamConfig
 from gateway.errors import GatewayError
 from gateway.worker import Gateway
+from policies.admission import SeatedAdmission, SeatParams
 from policies.teams import TeamLimits
+from policies.types import BackendView
 
 TEAM_FIELDS = set(TeamConfig.model_fields)
 
@@ -61,15 +63,44 @@ def team_view(gw: Gateway, name: str) -> dict[str, Any]:
     }
 
 
+def seat_budget(gw: Gateway, view: BackendView) -> int | None:
+    """Tokens the admission seats of one rank of ``view`` may reserve: ``admit_water`` × its capacity
+    (GPU pool plus ``host_water`` × a host tier it reloads from; ``policies/admission/sizing.py``), for
+    this replica before its share. None: a stack without seats, or an unknown capacity."""
+    if not isinstance(gw.core, SeatedAdmission) or not view.kv_tokens:
+        return None
+    params = SeatParams(**gw.config.admission)
+    capacity = view.kv_tokens
+    if view.host_tokens and view.reload_tokens_per_s > 0:
+        capacity = int(view.kv_tokens + params.host_water * view.host_tokens)
+    return int(params.admit_water * capacity)
+
+
 def state_view(gw: Gateway) -> dict[str, Any]:
     backends = {
         b.name: {
             "model": b.model,
+            "engine": b.engine,
             "healthy": b.healthy,
             "running": b.running,
             "waiting": b.waiting,
             "token_usage": b.token_usage,
             "max_total_num_tokens": b.max_total_num_tokens,
+            "capacity": {
+                "kv_tokens_per_rank": b.max_total_num_tokens,
+                "ranks": b.dp_size,
+                "source": b.capacity_source or None,
+                "max_running_requests": b.max_running_requests,
+                "context_tokens": b.max_model_len,
+                "seat_budget_tokens": seat_budget(gw, b.view()),
+                "learned": None
+                if b.limiter is None
+                else {
+                    "limit": round(b.limiter.limit, 2),
+                    "samples": b.limiter.samples,
+                    "inflight": b.inflight,
+                },
+            },
         }
         for b in (gw.pool.all() if gw.pool else [])
     }

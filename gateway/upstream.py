@@ -19,6 +19,7 @@ that is not valid HTTP (``UpstreamMalformed``) is a 502 ``upstream_malformed_res
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -118,7 +119,10 @@ class Upstream:
             backend = self.pool.get(req.model, decision.backend)
             exchange.backend = backend.name
             exchange.reached_backend = True  # until the attempt proves otherwise
-            end = await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+            if backend.limiter is None:
+                end = await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+            else:  # an endpoint without signals: its latency teaches its concurrency limit
+                end = await self._learning(rid, req, surface, decision, backend, send, trace, exchange)
             if end == "refused":
                 exchange.reached_backend = False
             if end != "unreached":
@@ -136,6 +140,31 @@ class Upstream:
         )
         return exchange
 
+    async def _learning(
+        self,
+        rid: str,
+        req: ClientRequest,
+        surface: Surface,
+        decision: Dispatch,
+        backend: Backend,
+        send: Send,
+        trace: RequestTrace,
+        exchange: Exchange,
+    ) -> AttemptEnd:
+        """``_attempt``, counting the backend's requests in flight and giving the pool the streamed
+        answer's time to first token (``BackendPool.observe_latency``)."""
+        backend.inflight += 1
+        inflight, sent = backend.inflight, time.monotonic()
+        try:
+            return await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+        finally:
+            backend.inflight -= 1
+            result = exchange.result
+            if req.stream and exchange.status == 200 and result.first_token_at is not None:
+                self.pool.observe_latency(
+                    backend, result.first_token_at - sent, result.prompt_tokens, result.cached_tokens, inflight
+                )
+
     async def _attempt(
         self,
         rid: str,
@@ -148,13 +177,15 @@ class Upstream:
         exchange: Exchange,
     ) -> AttemptEnd:
         """One attempt (see ``AttemptEnd``)."""
-        rank = decision.rank if backend.dp_size > 1 else None
+        # The engine's way to pin a DP rank: SGLang's body field (Target.rank), vLLM's header.
+        rank, pin = backend.adapter.pin(decision.rank if backend.dp_size > 1 else None)
         call = surface.upstream(req, Target(backend.name, backend.upstream_model, rank, backend.config))
         url = backend.url + call.path
         headers = {
             "content-type": "application/json",
             "accept": "application/json, text/event-stream",
             **call.headers,
+            **pin,
             "x-request-id": rid,
             **backend.headers(),
         }

@@ -91,6 +91,11 @@ def simulate(
     lease_refusals: float = typer.Option(
         0.0, min=0.0, max=1.0, help="Share of dispatches whose team lease another replica holds (requeued)."
     ),
+    visibility: str = typer.Option(
+        "white",
+        help="white: the core sees the engines' capacity and loads; blind: nothing but what the gateway "
+        "observes (every backend engine: openai, its concurrency limit learned from time to first token).",
+    ),
 ) -> None:
     """Run workloads against policies and engine profiles in virtual time."""
     import orjson
@@ -114,6 +119,8 @@ def simulate(
             raise ValueError(f"--unhealthy: backends are named b0..b{backends - 1}")
     except (ValueError, ImportError) as exc:
         raise _fail(str(exc)) from None
+    if visibility not in ("white", "blind"):
+        raise _fail(f"--visibility {visibility!r}: white or blind")
     if config is not None and not config.is_file():
         raise _fail(f"config file not found: {config}")
     if config is not None:
@@ -147,6 +154,7 @@ def simulate(
             oracle=oracle,
             max_tokens=max_tokens,
             faults=faults,
+            visibility=visibility,
         )
         for n in levels
     ]

@@ -171,12 +171,20 @@ class SimPool:
         health: HealthConfig | None = None,
         breaker: Mapping[str, Any] | None = None,
         unhealthy: Iterable[tuple[str, float, float]] = (),
+        blind: bool = False,
     ) -> None:
+        """``blind``: the engines publish nothing (``--visibility blind``): each backend is ``engine:
+        openai`` (no capacity, loads or DP ranks; a concurrency limit learned from time to first token,
+        ``policies/adaptive_limit.py``), as in front of a hosted endpoint."""
         self.model = model
         self.engines = engines
         self.clock = clock
+        self.blind = blind
+        self._sent: dict[str, tuple[str, float, int]] = {}
         configs = [
-            BackendConfig(url=f"http://sim/{name}", name=name, dp_size=max(1, int(e.dp_size)))
+            BackendConfig(url=f"http://sim/{name}", name=name, engine="openai")
+            if blind
+            else BackendConfig(url=f"http://sim/{name}", name=name, dp_size=max(1, int(e.dp_size)))
             for name, e in engines.items()
         ]
         self.health = health or HealthConfig()
@@ -201,18 +209,40 @@ class SimPool:
                 self.pool.mark_failure(b, "ConnectError: connection refused")
                 continue
             if not b.info_fetched:
-                _read_server_info(b, self.engines[name])
+                if not self.blind:
+                    _read_server_info(b, self.engines[name])
                 b.info_fetched = True
             self.pool.mark_ok(b)
 
     def poll_loads(self, now: float) -> None:
         """One round of ``/v1/loads`` polls of the healthy backends, aggregated by the pool."""
+        if self.blind:
+            return
         for name, b in self.backends.items():
             if b.healthy and not self.down(name, now):
                 self.pool._apply_loads(b, {"loads": [_load_json(ld) for ld in self.engines[name].loads()]})
 
     def views(self) -> list[BackendView]:
         return self.pool.views(self.model)
+
+    def sent(self, rid: str, name: str, now: float) -> None:
+        """Blind: request ``rid`` went to ``name`` (the upstream hop's in-flight count)."""
+        if self.blind:
+            b = self.backends[name]
+            b.inflight += 1
+            self._sent[rid] = (name, now, b.inflight)
+
+    def answered(self, rid: str, first_token: float | None, prompt_tokens: int, cached_tokens: int) -> None:
+        """Blind: ``rid`` ended (``first_token`` None: without an answer); a streamed answer's time to
+        first token goes to the backend's limiter, as ``gateway/upstream.py`` gives it live."""
+        entry = self._sent.pop(rid, None)
+        if entry is None:
+            return
+        name, at, inflight = entry
+        b = self.backends[name]
+        b.inflight -= 1
+        if first_token is not None:
+            self.pool.observe_latency(b, first_token - at, prompt_tokens, cached_tokens, inflight)
 
     def request_failed(self, name: str, kind: str) -> None:
         self.pool.request_failed(self.backends[name], kind, kind)

@@ -41,6 +41,7 @@ class LivePath:
             settings.health if settings is not None else None,
             settings.breaker if settings is not None else None,
             cfg.faults.unhealthy,
+            blind=cfg.visibility == "blind",
         )
         self._decided: deque[Decision] = deque()
         self.driver = SimDriver(
@@ -93,11 +94,13 @@ class LivePath:
         p.record.backend = p.backend = d.backend
         context = engine.profile.context_length if isinstance(engine, Engine) else None  # a test's stand-in: none
         engine.submit(_engine_request(d.rid, p, d.rank, context), now)
+        self.pool.sent(d.rid, d.backend, now)
         self._touch_backend(d.backend)
 
     def _failed(self, p: Any, error: str, now: float, *, reached: bool) -> None:
         """The request ended without an answer (its client left, its backend went away): the core
         hears it as the gateway would, and a closed-loop client resends the turn a second later."""
+        self.pool.answered(p.record.rid, None, 0, 0)
         self.driver.release(p.record.rid, Outcome(ok=False, reached_backend=reached), now)
         self._refused(p, Refuse(p.record.rid, "no_healthy_backend", error, 1.0), now)
         p.record.error = error

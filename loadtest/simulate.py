@@ -95,6 +95,9 @@ class SimConfig:
     max_tokens: int = 0
     """What the simulated clients send as ``max_tokens`` (0: none, the core assumes its default)."""
     faults: Faults = field(default_factory=Faults)
+    visibility: str = "white"
+    """``white``: the core sees the engines' capacity and loads; ``blind``: nothing but what the gateway
+    observes (``SimPool(blind=True)``: a limit learned from time to first token)."""
 
 
 @dataclass(slots=True)
@@ -327,6 +330,8 @@ class Simulator(LivePath):
                 self.driver.first_token(ev.rid, ev.time)
                 continue
             del self.pending[ev.rid]
+            ok = ev.finish_reason != "abort"
+            self.pool.answered(ev.rid, rec.first_token if ok else None, ev.prompt_tokens, ev.cached_tokens)
             rec.finish = ev.time
             rec.prompt_tokens = ev.prompt_tokens
             rec.cached_tokens = ev.cached_tokens
@@ -433,6 +438,8 @@ def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None, core
 
 def _policy_label(cfg: SimConfig) -> str:
     parts = [cfg.policy]
+    if cfg.visibility != "white":
+        parts.append(cfg.visibility)
     if cfg.admission:
         parts.append(f"admission={cfg.admission}")
     if cfg.routing:

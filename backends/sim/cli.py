@@ -28,6 +28,11 @@ def sim_backend(
         help="Client surfaces served: all (SGLang 0.5.23: /v1/responses and /v1/messages), responses, or chat "
         "(an older build: chat and completions only, so a gateway must translate).",
     ),
+    engine: str = typer.Option(
+        "sglang",
+        help="Whose HTTP API to speak: sglang (0.5.23) or vllm (0.33.0: /metrics with vllm: series, "
+        "X-data-parallel-rank, vLLM's error envelope, no SGLang-only routes). The engine model is the same.",
+    ),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
 ) -> None:
     """Run a simulated SGLang server (replaced by :data:`HELP` below)."""
@@ -51,6 +56,7 @@ def sim_backend(
             reasoning=reasoning,
             answer_scale=scale,
             routes=routes,
+            engine=engine,
         )
     except ValueError as exc:
         typer.echo(f"cachegate sim-backend: {exc}", err=True)

@@ -99,7 +99,8 @@ class Engine(PassApply, PrefillAdder):
         self._ratio_decay = (self._ratio_init - self._ratio_min) / p.new_token_ratio_decay_steps
         host = 0 if unbounded else p.host_tier_tokens
         self._ranks = [
-            RankState(i, self.max_total_num_tokens, host, self._ratio_init, self.counters) for i in range(self.dp_size)
+            RankState(i, self.max_total_num_tokens, host, self._ratio_init, self.counters, p.eviction == "lrf")
+            for i in range(self.dp_size)
         ]
         self._reqs: dict[str, ReqState] = {}
         self._rr = 0

@@ -71,11 +71,13 @@ class ReqState:
 
 
 class RankState:
-    def __init__(self, idx: int, cap: int, host_capacity: int, ratio: float, counters: EngineCounters) -> None:
+    def __init__(
+        self, idx: int, cap: int, host_capacity: int, ratio: float, counters: EngineCounters, free_order: bool = False
+    ) -> None:
         self.idx = idx
         self.counters = counters
         self.cap = cap
-        self.cache = RadixCache(host_capacity)
+        self.cache = RadixCache(host_capacity, stamp_on_free=free_order)
         self.waiting: list[ReqState] = []
         self.running: dict[str, ReqState] = {}
         self.chunked: ReqState | None = None

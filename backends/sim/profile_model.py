@@ -87,6 +87,10 @@ class Profile:
     """Tokeniser rate; 0: tokenisation not modelled."""
     fitted: tuple[str, ...] = ()
     """Names of the constants fitted to published figures (empty: every constant derived)."""
+    eviction: Literal["lru", "lrf"] = "lru"
+    """Which unreferenced prefix blocks go first when the pool is full: ``lru`` (SGLang's radix cache:
+    least recently accessed leaf) or ``lrf`` (vLLM's free block queue: least recently freed, a freed
+    request's tail block first)."""
     doc: str = field(default="", compare=False, repr=False)
 
     @property

@@ -99,7 +99,7 @@ from backends.sim.profile_constants import (
 from backends.sim.profile_dcp import DcpCost
 from backends.sim.profile_fit import GOOD_FIT, Fit
 from backends.sim.profile_model import Profile, coverage_note, default_max_running
-from backends.sim.profiles_gb10 import gb10
+from backends.sim.profiles_gb10 import gb10, vllm_variant
 
 # Re-exported: the profile type and the constants the tests and the fit read from here.
 __all__ = [
@@ -356,6 +356,8 @@ def _build() -> dict[str, Profile]:
         _b300("b300-dp8-fp8-cp", kv_dtype_bytes=1, dp=8, attn_fp8=True, cp=8, fit=GOOD_FIT),
         gb10("gb10x16-tp4pp4-fp8", tp=4, pp=4),
         gb10("gb10x16-tp16-fp8", tp=16, pp=1),
+        vllm_variant(gb10("gb10x16-tp4pp4-fp8", tp=4, pp=4)),
+        vllm_variant(gb10("gb10x16-tp16-fp8", tp=16, pp=1)),
         _tiny(),
     ]
     return {p.name: p for p in profiles}

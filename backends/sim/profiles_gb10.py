@@ -84,3 +84,15 @@ def gb10(name: str, *, tp: int, pp: int) -> Profile:
         weight_bytes_per_gpu=w_node,
         doc=doc,
     )
+
+
+def vllm_variant(p: Profile) -> Profile:
+    """``p`` served by vLLM (the GB10 write-up's engine): 16-token KV blocks hashed for prefix caching,
+    least recently freed blocks evicted first. The rest (scheduler, speeds) stays SGLang's model."""
+    name = f"{p.name}-vllm"
+    note = (
+        f"{name}: {p.name} served by vLLM 0.33.0 (deploy/vllm/): the pool in 16-token blocks"
+        f" (C = {p.kv_tokens // 16 * 16:,} tokens), prefix caching by block hash, eviction of the least"
+        " recently freed blocks (a request's tail first); the scheduler and speeds are SGLang's model."
+    )
+    return p.with_(name=name, page_size=16, kv_tokens=p.kv_tokens // 16 * 16, eviction="lrf", doc=f"{note}\n{p.doc}")

@@ -33,7 +33,10 @@ class Node:
 
 
 class RadixCache:
-    def __init__(self, host_capacity: int = 0) -> None:
+    def __init__(self, host_capacity: int = 0, stamp_on_free: bool = False) -> None:
+        """``stamp_on_free``: a block's age is when it was last freed, not accessed (vLLM's eviction
+        order: least recently freed first; a request's blocks are freed tail first)."""
+        self.stamp_on_free = stamp_on_free
         self.root = Node(0, 0, None)
         self.root.lock_ref = 1  # never evicted
         self.nodes: dict[int, Node] = {}
@@ -115,6 +118,9 @@ class RadixCache:
             if node.lock_ref == 0:
                 self.evictable_tokens += node.ntok
                 self.epoch += 1
+                if self.stamp_on_free:  # walked tail to root: the tail gets the oldest stamp
+                    self._tick += 1
+                    node.last_access = self._tick
                 if node.gpu_children == 0:
                     heapq.heappush(self._gpu_heap, (node.last_access, id(node), node))
             node = node.parent  # type: ignore[assignment]

@@ -138,7 +138,9 @@ class Twin:
         self._wake: asyncio.Event | None = None
         self._driver: asyncio.Task[None] | None = None
         self._timers: set[asyncio.TimerHandle] = set()
-        self.metrics = TwinMetrics(model, self._snapshot)
+        self.metrics: Any = TwinMetrics(model, self._snapshot)
+        self.dialect = "sglang"
+        """The engine whose HTTP API the twin speaks (``sglang`` or ``vllm``; ``server.create_app`` sets it)."""
 
     # ---- clock and driver -------------------------------------------------------------------
     def now(self) -> float:

@@ -24,6 +24,8 @@ from backends.sim import routes_messages as messages_routes
 from backends.sim import routes_native as native
 from backends.sim import routes_openai as openai_routes
 from backends.sim import routes_responses as responses_routes
+from backends.sim import routes_vllm as vllm_routes
+from backends.sim.metrics_vllm import VllmMetrics
 from backends.sim.responses_api import Store
 from backends.sim.runtime import DEFAULT_MODEL, SGLANG_VERSION, ApiError, Twin, tp_size
 
@@ -38,7 +40,15 @@ ROUTE_SETS: dict[str, frozenset[str]] = {
 ``responses`` (a build from before ``/v1/messages``), ``chat`` (an older build or another engine:
 chat, completions and the native routes only)."""
 
-HEADERS_SEEN = ("user-agent", "anthropic-version", "anthropic-beta", "openai-beta", "x-stainless-lang", "originator")
+HEADERS_SEEN = (
+    "user-agent",
+    "anthropic-version",
+    "anthropic-beta",
+    "openai-beta",
+    "x-stainless-lang",
+    "originator",
+    "x-data-parallel-rank",
+)
 """Client headers :class:`RecordRequests` keeps (values); of ``authorization`` and ``x-api-key`` only
 whether they were sent."""
 
@@ -88,6 +98,7 @@ def create_app(
     answer_scale: float = 1.0,
     routes: str = "all",
     engine_factory: Callable[..., Any] | None = None,
+    engine: str = "sglang",
 ) -> Starlette:
     """A Starlette app serving one simulated SGLang 0.5.23 server.
 
@@ -97,17 +108,20 @@ def create_app(
     ``reasoning_content`` first. Tool calls: :mod:`backends.sim.agent`. Output length and context:
     :mod:`backends.sim.planner` (``answer_scale`` multiplies the 200-1,500-token answers).
     ``startup_delay_s``: /health answers 503 that long. ``routes``: a key of :data:`ROUTE_SETS`.
+    ``engine``: ``sglang`` (SGLang 0.5.23's routes and metrics) or ``vllm`` (vLLM 0.33.0's:
+    :mod:`backends.sim.routes_vllm`); the engine model behind them is the same.
     """
     if routes not in ROUTE_SETS:
         raise ValueError(f"unknown route set {routes!r}; choose one of: {', '.join(ROUTE_SETS)}")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}")
     from backends.sim import engine as engine_mod
     from backends.sim import profiles as profiles_mod
 
     prof = profiles_mod.get_profile(profile) if isinstance(profile, str) else profile
     factory = engine_factory or engine_mod.Engine  # type: ignore[attr-defined]
-    engine = factory(prof, kv_tokens=kv_tokens, unbounded=unbounded)
     twin = Twin(
-        engine,
+        factory(prof, kv_tokens=kv_tokens, unbounded=unbounded),
         profile=prof,
         model=model,
         time_scale=time_scale,
@@ -118,6 +132,9 @@ def create_app(
         startup_delay_s=startup_delay_s,
         answer_scale=answer_scale,
     )
+    twin.dialect = engine
+    if engine == "vllm":
+        twin.metrics = VllmMetrics(model, twin._snapshot)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -127,7 +144,42 @@ def create_app(
         finally:
             await twin.stop()
 
-    table = [
+    table = _vllm_table() if engine == "vllm" else _sglang_table()
+    table += [
+        Route("/v1/chat/completions", openai_routes.chat, methods=["POST"]),
+        Route("/v1/completions", openai_routes.completions, methods=["POST"]),
+        Route("/_twin/last_traceparent", native.last_traceparent, methods=["GET"]),
+        Route("/_twin/requests", native.seen_requests, methods=["GET"]),
+    ]
+    if engine == "sglang":  # vLLM serves no "/"
+        table.append(Route("/", native.root, methods=["GET", "HEAD"]))
+    table.append(Route("/openapi.json", native.openapi, methods=["GET"]))
+    if "responses" in ROUTE_SETS[routes]:
+        table += [
+            Route("/v1/responses", responses_routes.create, methods=["POST"]),
+            Route("/v1/responses/{response_id}", responses_routes.retrieve, methods=["GET"]),
+            Route("/v1/responses/{response_id}/cancel", responses_routes.cancel, methods=["POST"]),
+        ]
+    if "messages" in ROUTE_SETS[routes]:
+        table += [
+            Route("/v1/messages", messages_routes.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", messages_routes.count_tokens_route, methods=["POST"]),
+        ]
+    middleware = [Middleware(RecordRequests, twin=twin)]
+    if engine == "vllm":
+        middleware.append(Middleware(vllm_routes.VllmDialect))
+    app = Starlette(routes=table, lifespan=lifespan, middleware=middleware)
+    app.state.twin = twin
+    app.state.responses_store = Store()
+    return app
+
+
+ENGINES = ("sglang", "vllm")
+"""The dialects a twin speaks (``sim-backend --engine``)."""
+
+
+def _sglang_table() -> list[Route]:
+    return [
         Route("/health", native.health, methods=["GET"]),
         Route("/health_generate", native.health, methods=["GET"]),
         Route("/get_model_info", native.model_info, methods=["GET"]),
@@ -141,25 +193,14 @@ def create_app(
         Route("/generate", native.generate, methods=["POST", "PUT"]),
         Route("/v1/models", openai_routes.models, methods=["GET"]),
         Route("/v1/models/{model:path}", openai_routes.model, methods=["GET"]),
-        Route("/v1/chat/completions", openai_routes.chat, methods=["POST"]),
-        Route("/v1/completions", openai_routes.completions, methods=["POST"]),
-        Route("/_twin/last_traceparent", native.last_traceparent, methods=["GET"]),
-        Route("/_twin/requests", native.seen_requests, methods=["GET"]),
-        Route("/", native.root, methods=["GET", "HEAD"]),
-        Route("/openapi.json", native.openapi, methods=["GET"]),
     ]
-    if "responses" in ROUTE_SETS[routes]:
-        table += [
-            Route("/v1/responses", responses_routes.create, methods=["POST"]),
-            Route("/v1/responses/{response_id}", responses_routes.retrieve, methods=["GET"]),
-            Route("/v1/responses/{response_id}/cancel", responses_routes.cancel, methods=["POST"]),
-        ]
-    if "messages" in ROUTE_SETS[routes]:
-        table += [
-            Route("/v1/messages", messages_routes.messages, methods=["POST"]),
-            Route("/v1/messages/count_tokens", messages_routes.count_tokens_route, methods=["POST"]),
-        ]
-    app = Starlette(routes=table, lifespan=lifespan, middleware=[Middleware(RecordRequests, twin=twin)])
-    app.state.twin = twin
-    app.state.responses_store = Store()
-    return app
+
+
+def _vllm_table() -> list[Route]:
+    return [
+        Route("/health", native.health, methods=["GET"]),
+        Route("/metrics", vllm_routes.metrics, methods=["GET"]),
+        Route("/version", vllm_routes.version, methods=["GET"]),
+        Route("/load", vllm_routes.load, methods=["GET"]),
+        Route("/v1/models", vllm_routes.models, methods=["GET"]),
+    ]

@@ -311,14 +311,6 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         self.router.dispatched(req, decision, now)
         return decision
 
-    def _release(self, seat: Seat) -> None:
-        if self.seats.get(seat.key) is seat:
-            del self.seats[seat.key]
-            self.seat_counts[seat.slot] -= 1
-        self.reserved[seat.slot] = self.reserved.get(seat.slot, 0) - seat.tokens
-        if seat.anchor is not None and self.anchors.get(seat.anchor) == seat.key:
-            del self.anchors[seat.anchor]
-
     def _schedule(self, now: float) -> list[Decision]:
         decisions: list[Decision] = []
         if not self.waiting:
@@ -333,6 +325,9 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             if not self._may_dispatch(self.teams[req.team], now):
                 continue
             slot = seat.slot
+            if self._seats_on(slot) > self._seat_limit(slot) and self._over_limit(seat):
+                self._release(seat)  # its rank's seat count fell under its seats: it waits as a new one
+                continue
             grow = w.need - seat.tokens
             if grow > 0:
                 cap = self._capacity(slot)

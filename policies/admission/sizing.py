@@ -26,6 +26,7 @@ class SeatSizing:
     seat_counts: dict[Slot, int]
     """Seats by slot (kept with ``seats``: counting them per question was a scan over every seat)."""
     reserved: dict[Slot, int]
+    anchors: dict[int, str]
     waiting: dict[str, Waiter]
     _by_name: dict[str, BackendView]
     """Each backend's view (the first model's that lists it); ``_views_changed`` rebuilds it."""
@@ -127,6 +128,23 @@ class SeatSizing:
         if view is None or view.max_running_requests <= 0:
             return float("inf")
         return math.ceil(self.params.running_overbook * view.max_running_requests * self.share - 1e-9)
+
+    def _release(self, seat: Seat) -> None:
+        """Give up ``seat``: its tokens and its place in the rank's seat count."""
+        if self.seats.get(seat.key) is seat:
+            del self.seats[seat.key]
+            self.seat_counts[seat.slot] -= 1
+        self.reserved[seat.slot] = self.reserved.get(seat.slot, 0) - seat.tokens
+        if seat.anchor is not None and self.anchors.get(seat.anchor) == seat.key:
+            del self.anchors[seat.anchor]
+
+    def _over_limit(self, seat: Seat) -> bool:
+        """Whether ``seat`` (not a lent one) is on a rank holding more seats of its own than its seat limit:
+        only when the limit fell (a learned one, ``policies/adaptive_limit.py``); lent seats never count."""
+        if seat.one_shot:
+            return False
+        owned = sum(1 for s in self.seats.values() if s.slot == seat.slot and not s.one_shot)
+        return owned > self._seat_limit(seat.slot)
 
     def _running_cap(self, slot: Slot) -> float:
         """Requests a rank runs at once, this replica's share (0 when unknown: nothing is lent)."""
