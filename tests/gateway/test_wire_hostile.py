@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from tests.harness import Running, run_gateway
-from tests.hostile_upstream import CASES, HealthWatch, HostileUpstream, ask, expected, gateway_config, rss_kib
+from tests.hostile_client import HealthWatch, ask, expected, gateway_config, rss_kib
+from tests.hostile_upstream import CASES, HostileUpstream
 
 pytestmark = pytest.mark.slow
 
