@@ -26,7 +26,7 @@ AGENTS = 24
 AGENT_GAP_S = (8.0, 20.0)
 AGENT_TURNS_MEAN = 45
 FILES = 400
-COMPLETION_RATE = 8.0
+COMPLETION_RATE = 2.0
 
 
 def agents_and_completions(rng: random.Random, horizon_s: float) -> list[Row]:

@@ -54,7 +54,7 @@ def _session(
 
 
 SYSTEM_TOKENS = 8_192
-CHAT_RATE = 6.0
+CHAT_RATE = 1.5
 """New sessions per second (at speedup 1, the rate the comparison uses for 8 backends)."""
 
 
@@ -69,7 +69,7 @@ def chat_shared_prompt(rng: random.Random, horizon_s: float) -> list[Row]:
     return rows
 
 
-BURST_RATE = 24.0
+BURST_RATE = 8.0
 BURST_ON_S = (10.0, 40.0)
 BURST_OFF_S = (30.0, 120.0)
 BURST_SYSTEMS = 4
@@ -79,7 +79,7 @@ BURST_DOC_MEDIAN = 3_000
 def bursty_chat(rng: random.Random, horizon_s: float) -> list[Row]:
     """``bursty-chat``: sessions arrive in on/off bursts (BurstGPT, Wang et al. 2024: conversation-service
     inter-arrivals are burstier than Poisson, Gamma-shaped with a coefficient of variation above 1;
-    here on 10-40 s at 24 sessions/s, off 30-120 s: about 6 sessions/s on average, CV ≈ 2). Each
+    here on 10-40 s at 8 sessions/s, off 30-120 s: about 2 sessions/s on average). Each
     session opens on one of four 4k-token assistant prompts with a pasted document (log-normal,
     median 3k tokens) then chats: a burst lands many cold, mid-sized prompts at once."""
     ids = Ids()
@@ -94,7 +94,7 @@ def bursty_chat(rng: random.Random, horizon_s: float) -> list[Row]:
 PAIRS = 3
 ASSISTANT_TOKENS = (6_144, 12_288)
 SWITCH = 0.35
-HANDOFF_RATE = 1.5
+HANDOFF_RATE = 0.5
 HANDOFF_TURNS_MEAN = 6.0
 HANDOFF_START_MEDIAN = 4_000
 
