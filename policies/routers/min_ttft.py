@@ -111,7 +111,7 @@ class MinTTFT(Router):
         tie_rel: float = 0.1,
         tie_abs_s: float = 0.1,
         gate_ratio: float = 1.5,
-        gate_slack: float = 2.0,
+        gate_slack: float = 8.0,
         load_factor: float = 1.5,
         learn_alpha: float = 0.1,
         min_learn_s: float = 0.05,
@@ -119,9 +119,11 @@ class MinTTFT(Router):
         common: CommonBlocks | None = None,
         active_s: float = 600.0,
         report_lag_s: float = 2.0,
-        gate_move_s: float = 2.0,
+        gate_move_s: float = 0.1,
+        stay: float = 10.0,
         seed: int = 0,
     ) -> None:
+        self.stay = stay
         self.model = model or PrefillModel()
         self.tie_rel = tie_rel
         self.tie_abs_s = tie_abs_s
@@ -226,14 +228,23 @@ class MinTTFT(Router):
         best_match = max(matched)
 
         if best_match > common_tokens:
-            best = min(ttft[i] for i in allowed)
+            # Leaving the cache costs the recompute now and the copy it makes (the next request of
+            # the prefix finds it in two places, each holding less else): ``stay`` × the extra prefill.
+            cheapest = min(prefill)
+            score = [ttft[i] + self.stay * (prefill[i] - cheapest) for i in range(count)]
+            best = min(score[i] for i in allowed)
             band = best + max(self.tie_abs_s, self.tie_rel * best)
-            near = [i for i in allowed if ttft[i] <= band]
+            near = [i for i in allowed if score[i] <= band]
             longest = max(matched[i] for i in near)
             chosen = self._rng.choice([i for i in near if matched[i] == longest])
             reason = "prefix" if matched[chosen] == best_match else "least_wait"
         else:
-            chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, allowed, now)
+            # Only the queue ahead decides among cold slots: the common prefix is cheap to cache
+            # where it is not yet (comparing whole TTFTs would keep it on the slots that have it).
+            least = min(waits[i] for i in allowed)
+            band = least + max(self.tie_abs_s, self.tie_rel * least)
+            pool = [i for i in allowed if waits[i] <= band]
+            chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, pool, now)
             reason = "cold_hash"
         if reason != "cold_hash" and best_all not in allowed and chosen != best_all:
             reason = "imbalance"
