@@ -120,10 +120,14 @@ class MinTTFT(Router):
         active_s: float = 600.0,
         report_lag_s: float = 2.0,
         gate_move_s: float = 0.1,
+        gate_max: float = 3.0,
         stay: float = 10.0,
+        solo_share: float = 0.25,
         seed: int = 0,
     ) -> None:
         self.stay = stay
+        self.solo_share = solo_share
+        self.gate_max = gate_max
         self.model = model or PrefillModel()
         self.tie_rel = tie_rel
         self.tie_abs_s = tie_abs_s
@@ -221,7 +225,7 @@ class MinTTFT(Router):
         # Leaving the cache costs a recompute (``lost_s``): the dearer it is, the hotter a slot
         # must be before the gate sends the request elsewhere.
         lost_s = max(prefill) - min(prefill)
-        ratio = self.gate_ratio * (1 + lost_s / self.gate_move_s)
+        ratio = min(self.gate_max, self.gate_ratio * (1 + lost_s / self.gate_move_s))
         limit = max(ratio * mean_after, mean_after + self.gate_slack)
         allowed = [i for i in range(count) if n[i] + 1 <= limit] or list(range(count))
         best_all = min(range(count), key=ttft.__getitem__)
@@ -241,9 +245,15 @@ class MinTTFT(Router):
         else:
             # Only the queue ahead decides among cold slots: the common prefix is cheap to cache
             # where it is not yet (comparing whole TTFTs would keep it on the slots that have it).
-            least = min(waits[i] for i in allowed)
-            band = least + max(self.tie_abs_s, self.tie_rel * least)
-            pool = [i for i in allowed if waits[i] <= band]
+            pool = allowed
+            foreign = sum(surplus[b.name][0] * max(1, b.dp_size) for b in backends)
+            if foreign <= self.solo_share * (sum(n) + 1):
+                # This router sees (nearly) all the load, so its queue view is the backends': the
+                # queue ahead decides. Else other replicas send too and see other queues: hashing
+                # alone keeps them agreeing on where a conversation lives.
+                least = min(waits[i] for i in allowed)
+                band = least + max(self.tie_abs_s, self.tie_rel * least)
+                pool = [i for i in allowed if waits[i] <= band]
             chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, pool, now)
             reason = "cold_hash"
         if reason != "cold_hash" and best_all not in allowed and chosen != best_all:
