@@ -66,7 +66,12 @@ def _run(job: tuple[str, int, int, str, float]) -> dict:
 
 
 def run(
-    workloads: Iterable[str], backends: Iterable[int], seeds: Iterable[int], routers: list[str], minutes: float, jobs: int
+    workloads: Iterable[str],
+    backends: Iterable[int],
+    seeds: Iterable[int],
+    routers: list[str],
+    minutes: float,
+    jobs: int,
 ) -> list[dict]:
     todo = [(w, b, s, r, minutes) for w in workloads for b in backends for s in seeds for r in routers]
     if jobs <= 1:
@@ -97,6 +102,21 @@ def verdict(rows: list[dict]) -> dict[str, bool]:
     return out
 
 
+HEADER = [
+    "Backends",
+    "Seed",
+    "Router",
+    "Hit rate",
+    "× ceiling",
+    "TTFT p50",
+    "TTFT p95",
+    "Longest wait",
+    "Tokens/min",
+    "Busiest / mean",
+    "Starved",
+]
+
+
 def _s(x: float | None) -> str:
     if x is None:
         return "-"
@@ -110,8 +130,8 @@ def table(rows: list[dict]) -> str:
         mine = [r for r in rows if r["family"] == w]
         held = " (held out)" if w in HELD_OUT else ""
         out += [f"#### {w}{held}", ""]
-        out.append("| Backends | Seed | Router | Hit rate | × ceiling | TTFT p50 | TTFT p95 | Longest wait | Tokens/min | Busiest / mean | Starved |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        out.append(f"| {' | '.join(HEADER)} |")
+        out.append("|---" * len(HEADER) + "|")
         verdicts: list[str] = []
         for b in sorted({r["backends"] for r in mine}):
             for s in sorted({r["seed"] for r in mine}):
@@ -125,13 +145,14 @@ def table(rows: list[dict]) -> str:
                     hit = r["cache_hit_rate"] or 0.0
                     share = f"{hit / ceil:.2f}" if ceil else "-"
                     label = "unbounded ceiling" if name == CEILING else name
-                    out.append(
-                        f"| {b} | {s} | {label} | {hit:.1%} | {share} | {_s(r['ttft_p50_s'])} | {_s(r['ttft_p95_s'])} "
-                        f"| {_s(r['max_wait_s'])} | {r['total_tpm'] / 1e6:.2f}M | {r['load_imbalance'] or 0:.3f} | {r['starved']} |"
-                    )
+                    cells = [str(b), str(s), label, f"{hit:.1%}", share, _s(r["ttft_p50_s"]), _s(r["ttft_p95_s"])]
+                    cells += [_s(r["max_wait_s"]), f"{r['total_tpm'] / 1e6:.2f}M", f"{r['load_imbalance'] or 0:.3f}"]
+                    out.append(f"| {' | '.join([*cells, str(r['starved'])])} |")
                 v = verdict(group)
                 if v:
-                    verdicts.append(f"{b}×, seed {s}: " + ", ".join(f"{k} {'PASS' if ok else 'FAIL'}" for k, ok in v.items()))
+                    verdicts.append(
+                        f"{b}×, seed {s}: " + ", ".join(f"{k} {'PASS' if ok else 'FAIL'}" for k, ok in v.items())
+                    )
         out += ["", *(f"- {v}" for v in verdicts), ""]
     return "\n".join(out)
 

@@ -17,7 +17,7 @@ from loadtest.workloads import FAMILY
 def stats(rows: Iterable[dict], horizon_s: float) -> dict[str, float]:
     """Rate, input/output length figures and the ideal (infinite-cache) prefix hit rate, computed on
     chained blocks (a block is reused only after the same blocks before it, as an engine sees it)."""
-    seen: set[tuple[int, ...]] = set()
+    seen: set[tuple[int, int]] = set()
     inputs: list[int] = []
     outputs: list[int] = []
     total = hit = 0
@@ -28,8 +28,9 @@ def stats(rows: Iterable[dict], horizon_s: float) -> dict[str, float]:
         n = row["input_length"]
         reused = 0
         walking = True
-        for j in range(len(ids)):
-            key = tuple(ids[: j + 1])
+        key: tuple[int, ...] | tuple[int, int] = ()
+        for j, h in enumerate(ids):
+            key = (hash(key), h)  # the block after the same blocks (an engine's chained key)
             if walking and key in seen:
                 reused += min(512, n - 512 * j)
             else:

@@ -43,13 +43,20 @@ def mooncake_synth(rng: random.Random, horizon_s: float) -> list[Row]:
     for t in poisson(rng, RATE, horizon_s):
         length = min(INPUT_MAX, max(TRACE_BLOCK_TOKENS + 1, round(rng.lognormvariate(math.log(INPUT_MEDIAN), sigma))))
         output = max(1, round(rng.gauss(OUTPUT_MEAN, OUTPUT_SIGMA)))
-        sessions = [(last, h) for last, h in sessions if t - last <= ACTIVE_S]
+        stale = 0  # sessions are kept in order of their last request: the stale ones lead
+        while stale < len(sessions) and t - sessions[stale][0] > ACTIVE_S:
+            stale += 1
+        del sessions[:stale]
         history = None
         if rng.random() < FOLLOW_UP:
-            fits = [i for i, (_, h) in enumerate(sessions) if TRACE_BLOCK_TOKENS + h.tokens < length]
-            if fits:
-                i = max(fits, key=lambda k: sessions[k][1].tokens)
-                history = sessions.pop(i)[1]
+            room = length - TRACE_BLOCK_TOKENS
+            best = max(
+                (i for i, (_, h) in enumerate(sessions) if h.tokens < room),
+                key=lambda k: sessions[k][1].tokens,
+                default=None,
+            )
+            if best is not None:
+                history = sessions.pop(best)[1]
                 history.tail = 0  # the previous partial block is re-issued as the session grows
         if history is None:
             history = History(ids)
