@@ -62,34 +62,43 @@ class MinTTFT(Router):
       queued ahead (observed = TTFT; predicted from the cached tokens the engine reported);
     - ``ttft_s = wait_s + prefill_s``.
 
-    The gate (safety net against hot spots), with ``n_s`` the requests in flight on s (this
-    router's, plus any surplus the backend reports, split over ranks: so replicas see one another's
-    load at the next poll) and ``m = (Σ n + 1) / S``, allows s iff
+    The gate (a safety net against hot spots, not a balancer), with ``n_s`` the requests in flight on
+    s (this router's, plus any surplus the backend reports, split over ranks: so replicas see one
+    another's load at the next poll) and ``m = (Σ n + 1) / S``, allows s iff
     ``n_s + 1 ≤ max(r × m, m + gate_slack)`` (all, if none is), where
-    ``r = gate_ratio × (1 + lost_s / gate_move_s)`` and ``lost_s = max_s prefill_s − min_s prefill_s``
-    is what leaving the cache would cost: a 10k-token miss barely loosens the gate, a 200k-token
-    conversation is moved only off a real hot spot (routine fluctuations of in-flight counts moved
-    such conversations, and their 13 s recomputes delayed everyone behind them).
+    ``r = min(gate_max, gate_ratio × (1 + lost_s / gate_move_s))`` and ``lost_s = max_s prefill_s −
+    min_s prefill_s`` is what leaving the cache would cost: only a request that loses nothing by
+    moving is balanced at 1.5× the mean; anything else only off a slot with 3× the mean in flight.
 
-    Warm requests (some slot holds more of the prompt than its common prefix, see below): the near
-    ties are the
-    allowed slots within ``max(tie_abs_s, tie_rel × best)`` of the best ``ttft_s``; among them keep
-    those holding the longest match (a tie must not cost the cache the next turn needs) and pick one
-    at random (seeded). Reason ``prefix`` when the pick holds the longest match of all candidates,
-    ``imbalance`` when the gate removed the slot with the best ``ttft_s``, else ``least_wait``.
+    Warm requests (some slot holds more of the prompt than its common prefix, see below): each
+    slot's score is ``ttft_s + stay × (prefill_s − min_s prefill_s)``: leaving the cache costs the
+    recompute now and a second copy of the prefix that evicts something else later, so a
+    conversation moves only when the queue at its cache costs ``stay`` times what the move adds.
+    The near ties are the allowed slots within ``max(tie_abs_s, tie_rel × best)`` of the best score;
+    among them keep those holding the longest match (a tie must not cost the cache the next turn
+    needs) and pick one at random (seeded). Reason ``prefix`` when the pick holds the longest match
+    of all candidates, ``imbalance`` when the gate removed the slot with the best ``ttft_s``, else
+    ``least_wait``.
 
     Cold requests (a new conversation: nobody holds more than the common prefix, i.e. the blocks
     up to the request's deepest ``CommonBlocks`` block: a system prompt, tools, which say nothing
-    about the conversation and must not pull every new one to the slot that has them): order the
-    allowed slots by rendezvous hashing of the request's first distinguishing block (equal for
-    every turn of a conversation, and computed the same way by every gateway replica without
+    about the conversation and must not pull every new one to the slot that has them): the pool is
+    the allowed slots whose ``wait_s`` is within ``max(tie_abs_s, tie_rel × least)`` of the least
+    (the queue, not the whole TTFT: a common prefix is cheap to cache where it is not yet), but only
+    while this router sees nearly all the load (the backends report at most ``solo_share`` × its
+    own in-flight count more); else (other gateway replicas, each seeing another queue) all allowed
+    slots. Order the pool by rendezvous hashing of the request's first distinguishing block (equal
+    for every turn of a conversation, and computed the same way by every gateway replica without
     shared state) and take the first whose recent working set (``Footprint``, tokens) plus this
     prompt stays under ``load_factor × (Σ footprint + P) / S + P`` (bounded-load rendezvous; the
-    least loaded allowed slot always fits); reason ``cold_hash``. The working set changes slowly,
+    least loaded pool slot always fits); reason ``cold_hash``. The working set changes slowly,
     so replicas that each see only part of the traffic still agree.
 
-    Parameters and defaults: ``model`` ``PrefillModel()``, ``tie_rel`` 0.1, ``tie_abs_s`` 0.1,
-    ``gate_ratio`` 1.5, ``gate_slack`` 2 requests, ``gate_move_s`` 2, ``load_factor`` 1.5, ``learn_alpha`` 0.1,
+    Parameters and defaults (chosen on the tuning part of the routing family,
+    ``loadtest/workloads/``; docs/benchmarks.md "Routing across a workload family"): ``model``
+    ``PrefillModel()``, ``tie_rel`` 0.1, ``tie_abs_s`` 0.1, ``stay`` 10, ``gate_ratio`` 1.5,
+    ``gate_slack`` 8 requests, ``gate_move_s`` 0.1, ``gate_max`` 3, ``solo_share`` 0.25,
+    ``load_factor`` 1.5, ``learn_alpha`` 0.1,
     ``min_learn_s`` 0.05 (shorter predicted prefills are too noisy to learn from), ``speed`` clamped
     to [0.1, 10], ``default_capacity`` 1,000,000 tokens per rank until a backend reports its own,
     ``common`` ``CommonBlocks()``, ``active_s`` 600 (the ``Footprint`` horizon: on the Mooncake trace,
