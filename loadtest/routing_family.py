@@ -32,6 +32,8 @@ MOONCAKE = "mooncake"
 """The public conversation trace (``trace:`` of ``TRACE``)."""
 ROUTERS = ["gateway", "sglang-cache-aware", "round-robin", "least-load"]
 CEILING = "ceiling"
+ROUTER_ALONE = "min-ttft"
+"""cachegate's router without its admission (``--admission none``): informative, not in the verdict."""
 TUNING = ["coding-agent", MOONCAKE, *(n for n, m in FAMILY.items() if m.tuning)]
 HELD_OUT = [n for n, m in FAMILY.items() if not m.tuning]
 
@@ -43,7 +45,8 @@ def config(workload: str, backends: int, seed: int, policy: str, minutes: float)
     cfg = SimConfig(
         profile=PROFILE,
         backends=backends,
-        policy="gateway" if ceiling else policy,
+        policy="gateway" if policy in (CEILING, ROUTER_ALONE) else policy,
+        admission="none" if policy == ROUTER_ALONE else None,
         minutes=minutes,
         seed=seed,
         unbounded=ceiling,
@@ -138,13 +141,13 @@ def table(rows: list[dict]) -> str:
                 group = [r for r in mine if r["backends"] == b and r["seed"] == s]
                 by = {r["router"]: r for r in group}
                 ceil = by.get(CEILING, {}).get("cache_hit_rate")
-                for name in [*ROUTERS, CEILING]:
+                for name in [ROUTERS[0], ROUTER_ALONE, *ROUTERS[1:], CEILING]:
                     r = by.get(name)
                     if r is None:
                         continue
                     hit = r["cache_hit_rate"] or 0.0
                     share = f"{hit / ceil:.2f}" if ceil else "-"
-                    label = "unbounded ceiling" if name == CEILING else name
+                    label = {CEILING: "unbounded ceiling", ROUTER_ALONE: "min-ttft, no admission"}.get(name, name)
                     cells = [str(b), str(s), label, f"{hit:.1%}", share, _s(r["ttft_p50_s"]), _s(r["ttft_p95_s"])]
                     cells += [_s(r["max_wait_s"]), f"{r['total_tpm'] / 1e6:.2f}M", f"{r['load_imbalance'] or 0:.3f}"]
                     out.append(f"| {' | '.join([*cells, str(r['starved'])])} |")
