@@ -7,6 +7,9 @@ acceptance per row (cachegate's p95 and p50 ≤ 1.05× the best other router's, 
 the best, hit rate ≥ 90% of the ceiling or ≥ the best router's where no router reaches that, no
 starved conversation).
 
+Also printed, not judged: cachegate's router alone (``min-ttft``: the ``gateway`` stack with
+``--admission none``), which separates what routing does from what the seats do.
+
 Setup (``b300-tp8-fp8``): the generated members and the public trace run open loop on backends of
 1M tokens of KV each at ``speedup`` = backends / 8 (the same load per backend at 4 and 8);
 ``coding-agent`` runs closed loop with 48 conversations per backend on the profile's own KV.
@@ -160,6 +163,22 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def summary(rows: list[dict]) -> str:
+    """One line per workload: for each (backends, seed), PASS or the acceptance lines that fail."""
+    groups = sorted({(r["backends"], r["seed"]) for r in rows})
+    out = ["| Workload | " + " | ".join(f"{b} backends, seed {s}" for b, s in groups) + " |"]
+    out.append("|---" * (len(groups) + 1) + "|")
+    for w in dict.fromkeys(r["family"] for r in rows):
+        cells = []
+        for b, s in groups:
+            v = verdict([r for r in rows if r["family"] == w and r["backends"] == b and r["seed"] == s])
+            failed = [k for k, ok in v.items() if not ok]
+            cells.append("-" if not v else ("PASS" if not failed else "FAIL: " + ", ".join(failed)))
+        held = " (held out)" if w in HELD_OUT else ""
+        out.append(f"| {w}{held} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m loadtest.routing_family", description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", default="tuning", help="comma list, or 'tuning', 'held-out', 'all'")
@@ -173,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if a.from_json:
         rows = [orjson.loads(line) for p in a.from_json for line in p.read_bytes().splitlines() if line.strip()]
-        print(table(rows))
+        print(summary(rows), "", table(rows), sep="\n")
         return
     groups = {"tuning": TUNING, "held-out": HELD_OUT, "all": TUNING + HELD_OUT}
     names = [n for part in a.workloads.split(",") for n in groups.get(part, [part])]
@@ -192,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         with a.json.open("ab") as fh:
             for r in rows:
                 fh.write(orjson.dumps(r) + b"\n")
-    print(table(rows))
+    print(summary(rows), "", table(rows), sep="\n")
 
 
 if __name__ == "__main__":
