@@ -57,6 +57,9 @@ class MinTTFT(Router):
       reports more waiting requests than this router has pending there (other replicas, other
       clients), that surplus × the recent mean prefill, split over its ranks (a report may be up to
       ``report_lag_s`` old: it is compared with the most this router had pending there meanwhile);
+      plus, on a rank with ``n_s`` ≥ its reported ``max_running_requests`` C in flight, the wait for a
+      running slot, ``(n_s + 1 − C) × mean decode / C`` (mean decode: an EWMA of first token to
+      finish over this router's requests);
     - ``prefill_s = PrefillModel(P − c_s, c_s) / speed_b``, ``speed_b`` learned per backend as an
       EWMA (``learn_alpha``) of predicted/observed prefill time over requests that found nothing
       queued ahead (observed = TTFT; predicted from the cached tokens the engine reported);
@@ -157,6 +160,7 @@ class MinTTFT(Router):
         self._inflight_recent: dict[str, RecentMax] = {}
         self._pending_recent: dict[str, RecentMax] = {}
         self._mean_prefill_s = self.model.seconds(8_000, 0)
+        self._mean_decode_s = 10.0
         self.footprint = Footprint(active_s)
         self._cum_of: tuple[Fingerprint, list[int]] = ((), [0])
         """The last fingerprint's ``cumulative_tokens``: admission's ``matched_tokens``, ``route`` and
@@ -221,9 +225,13 @@ class MinTTFT(Router):
             extra_n, extra_wait = surplus[view.name]
             st = self._slots.get(slot)
             wait = (max(0.0, st.busy_until - now) if st else 0.0) + extra_wait
+            inflight = (st.inflight if st else 0) + extra_n
+            cap = view.max_running_requests
+            if 0 < cap <= inflight:  # a running slot frees every mean decode / cap seconds
+                wait += (inflight + 1 - cap) * self._mean_decode_s / cap
             c = self.index.matched_tokens(slot, fp, cum)
             p = self._prefill(view.name, prompt, c)
-            n.append((st.inflight if st else 0) + extra_n)
+            n.append(inflight)
             matched.append(c)
             prefill.append(p)
             waits.append(wait)
@@ -379,6 +387,8 @@ class MinTTFT(Router):
         recent.set(recent.value - 1, now)
         if e.ttft is None:  # else its first token ended its prefill already
             self._prefill_done(e, rid, now)
+        if e.ttft is not None:  # how long a request holds a running slot once it has its first token
+            self._mean_decode_s += 0.05 * (now - e.dispatched_at - e.ttft - self._mean_decode_s)
         if outcome.ok and outcome.reached_backend:
             self.index.insert(e.slot, e.fp)  # the engine caches the prompt again as it finishes
             self._learn(e, outcome)
