@@ -57,9 +57,8 @@ class MinTTFT(Router):
       reports more waiting requests than this router has pending there (other replicas, other
       clients), that surplus × the recent mean prefill, split over its ranks (a report may be up to
       ``report_lag_s`` old: it is compared with the most this router had pending there meanwhile);
-      plus, on a rank with ``n_s`` ≥ its reported ``max_running_requests`` C in flight, the wait for a
-      running slot, ``(n_s + 1 − C) × mean decode / C`` (mean decode: an EWMA of first token to
-      finish over this router's requests);
+      plus, with ``n_s`` ≥ the rank's ``max_running_requests`` C, ``(n_s + 1 − C) × mean decode / C``
+      (the wait for a running slot; mean decode: EWMA of first token to finish, measured);
     - ``prefill_s = PrefillModel(P − c_s, c_s) / speed_b``, ``speed_b`` learned per backend as an
       EWMA (``learn_alpha``) of predicted/observed prefill time over requests that found nothing
       queued ahead (observed = TTFT; predicted from the cached tokens the engine reported);
@@ -70,13 +69,11 @@ class MinTTFT(Router):
     another's load at the next poll) and ``m = (Σ n + 1) / S``, allows s iff
     ``n_s + 1 ≤ max(r × m, m + gate_slack)`` (all, if none is), where
     ``r = min(gate_max, gate_ratio × (1 + lost_s / gate_move_s))`` and ``lost_s = max_s prefill_s −
-    min_s prefill_s`` is what leaving the cache would cost: only a request that loses nothing by
-    moving is balanced at 1.5× the mean; anything else only off a slot with 3× the mean in flight.
+    min_s prefill_s``: only a request that loses nothing by moving is balanced at 1.5× the mean.
 
-    Warm requests (some slot holds more of the prompt than its common prefix, see below): each
-    slot's score is ``ttft_s + stay × (prefill_s − min_s prefill_s)``: leaving the cache costs the
-    recompute now and a second copy of the prefix that evicts something else later, so a
-    conversation moves only when the queue at its cache costs ``stay`` times what the move adds.
+    Warm requests (some slot holds more of the prompt than its common prefix, see below): score
+    ``ttft_s + stay × (prefill_s − min_s prefill_s)`` (leaving the cache costs the recompute now and
+    a second copy that evicts something else: a move must save ``stay`` times what it adds).
     The near ties are the allowed slots within ``max(tie_abs_s, tie_rel × best)`` of the best score;
     among them keep those holding the longest match (a tie must not cost the cache the next turn
     needs) and pick one at random (seeded). Reason ``prefix`` when the pick holds the longest match
@@ -86,27 +83,24 @@ class MinTTFT(Router):
     Cold requests (a new conversation: nobody holds more than the common prefix, i.e. the blocks
     up to the request's deepest ``CommonBlocks`` block: a system prompt, tools, which say nothing
     about the conversation and must not pull every new one to the slot that has them): the pool is
-    the allowed slots whose ``wait_s`` is within ``max(tie_abs_s, tie_rel × least)`` of the least
-    (the queue, not the whole TTFT: a common prefix is cheap to cache where it is not yet), but only
-    while this router sees nearly all the load (the backends report at most ``solo_share`` × its
-    own in-flight count more); else (other gateway replicas, each seeing another queue) all allowed
-    slots. Order the pool by rendezvous hashing of the request's first distinguishing block (equal
-    for every turn of a conversation, and computed the same way by every gateway replica without
-    shared state) and take the first whose recent working set (``Footprint``, tokens) plus this
-    prompt stays under ``load_factor × (Σ footprint + P) / S + P`` (bounded-load rendezvous; the
-    least loaded pool slot always fits); reason ``cold_hash``. The working set changes slowly,
-    so replicas that each see only part of the traffic still agree.
+    the allowed slots with ``wait_s`` within ``max(tie_abs_s, tie_rel × least)`` of the least (the
+    queue, not the TTFT: a common prefix is cheap to cache where it is not yet), only while the
+    backends report at most ``solo_share`` × this router's in-flight count more (else other replicas
+    see other queues: all allowed slots). Order the pool by rendezvous hashing of the request's first
+    distinguishing block (equal for every turn of a conversation and in every replica) and take the
+    first whose recent working set (``Footprint``, tokens) plus this prompt stays under
+    ``load_factor × (Σ footprint + P) / S + P`` (bounded-load rendezvous; the least loaded pool slot
+    always fits); reason ``cold_hash``. The working set changes slowly, so replicas agree.
 
     Parameters and defaults (chosen on the tuning part of the routing family,
     ``loadtest/workloads/``; docs/benchmarks.md "Routing across a workload family"): ``model``
     ``PrefillModel()``, ``tie_rel`` 0.1, ``tie_abs_s`` 0.1, ``stay`` 10, ``gate_ratio`` 1.5,
     ``gate_slack`` 8 requests, ``gate_move_s`` 0.1, ``gate_max`` 3, ``solo_share`` 0.25,
-    ``load_factor`` 1.5, ``learn_alpha`` 0.1,
-    ``min_learn_s`` 0.05 (shorter predicted prefills are too noisy to learn from), ``speed`` clamped
-    to [0.1, 10], ``default_capacity`` 1,000,000 tokens per rank until a backend reports its own,
-    ``common`` ``CommonBlocks()``, ``active_s`` 600 (the ``Footprint`` horizon: on the Mooncake trace,
-    600 s beat 120 s and 300 s on both hit rate and balance), ``report_lag_s`` 2 (the pool polls loads
-    about every second), ``seed`` 0 (near-tie RNG).
+    ``load_factor`` 1.5, ``learn_alpha`` 0.1, ``min_learn_s`` 0.05 (shorter predicted prefills are
+    too noisy to learn from), ``speed`` in [0.1, 10], ``default_capacity`` 1M tokens per rank until
+    a backend reports its own, ``common`` ``CommonBlocks()``, ``active_s`` 600 (the ``Footprint``
+    horizon: on the Mooncake trace, 600 s beat 120 s and 300 s on both hit rate and balance),
+    ``report_lag_s`` 2 (the pool polls loads about every second), ``seed`` 0 (near-tie RNG).
 
     ``Dispatch.scores``: ``prompt_tokens``, ``common_tokens``, ``matched_tokens`` and
     ``expected_ttft_s`` / ``wait_s`` of the pick, ``best_match_tokens``, ``candidates``, and
@@ -166,7 +160,6 @@ class MinTTFT(Router):
         """The last fingerprint's ``cumulative_tokens``: admission's ``matched_tokens``, ``route`` and
         ``dispatched`` ask for the same request's one after another."""
 
-    # -- helpers ---------------------------------------------------------------------------------
     def _state(self, slot: Slot) -> _SlotState:
         st = self._slots.get(slot)
         if st is None:
@@ -203,7 +196,6 @@ class MinTTFT(Router):
         extra_wait = max(0, view.waiting - pending) / ranks
         return extra_n, extra_wait * self._mean_prefill_s
 
-    # -- Router protocol -------------------------------------------------------------------------
     def route(self, req: RequestFacts, backends: Sequence[BackendView], now: float) -> Dispatch | None:
         slots = slots_of(backends)
         if not slots:
