@@ -7,7 +7,8 @@ turns pieces into chained cache blocks (``PromptChain``); the live client render
 text. Equal keys give equal blocks and equal text, which is what makes a resent history hit a
 prefix cache in both worlds.
 
-Two workloads:
+Two workloads here, and the routing family's generated traces in ``loadtest/workloads/`` (``--workload
+NAME``: Mooncake-format rows from seeded generators, replayed like ``trace:PATH``):
 
 ``coding-agent`` (closed loop, ``CodingAgent``): ``N`` conversation *slots*; each runs one agent
 conversation after another. Parameters at ``scale=1``:
