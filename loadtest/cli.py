@@ -49,7 +49,9 @@ def simulate(
     routing: str | None = typer.Option(
         None, help=f"Override the stack's routing half ({', '.join(registry.routing_names())})."
     ),
-    workload: str = typer.Option("coding-agent", help="coding-agent | trace:PATH (Mooncake format)."),
+    workload: str = typer.Option(
+        "coding-agent", help="coding-agent | trace:PATH (Mooncake format) | a routing-family member."
+    ),
     conversations: str = typer.Option("8,16,32,48,64", help="Concurrent conversations; a list is a sweep."),
     teams: str | None = typer.Option(
         None, help="NAME:N,NAME:N conversations per team (instead of --conversations; for trace: request shares)."
@@ -192,7 +194,7 @@ def loadtest(
     conversations: str = typer.Option("8", help="Concurrent conversations; a list is a sweep."),
     duration: float = typer.Option(60.0, help="Seconds per level."),
     warmup: float = typer.Option(0.0, help="Seconds at the start of each level excluded from figures."),
-    workload: str = typer.Option("coding-agent", help="coding-agent | trace:PATH."),
+    workload: str = typer.Option("coding-agent", help="coding-agent | trace:PATH | a routing-family member."),
     json_path: Path | None = typer.Option(None, "--json", help='Write {"runs": [...]} here.'),
     report: Path | None = typer.Option(None, help="Write a report folder here."),
     seed: int = typer.Option(1, help="Workload seed."),

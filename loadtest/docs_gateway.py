@@ -517,8 +517,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--routing", action="store_true", help="only the routing section's runs and section")
     args = parser.parse_args()
     t = time.perf_counter()
+    if args.routing:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            rows = dict(pool.map(_run, routing_jobs()))
+        routing = render_routing(rows)
+        write(routing, args.doc, RBEGIN, REND)
+        print(routing)
+        return
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = dict(pool.map(_run, jobs()))
     section = render(rows, time.perf_counter() - t)

@@ -7,7 +7,8 @@ turns pieces into chained cache blocks (``PromptChain``); the live client render
 text. Equal keys give equal blocks and equal text, which is what makes a resent history hit a
 prefix cache in both worlds.
 
-Two workloads:
+Two workloads here, and the routing family's generated traces in ``loadtest/workloads/`` (``--workload
+NAME``: Mooncake-format rows from seeded generators, replayed like ``trace:PATH``):
 
 ``coding-agent`` (closed loop, ``CodingAgent``): ``N`` conversation *slots*; each runs one agent
 conversation after another. Parameters at ``scale=1``:
@@ -287,18 +288,23 @@ class TraceWorkload:
         names = [t.name for t in teams]
         weights = [t.conversations for t in teams]
         rng = random.Random(f"trace/{self.seed}")
+        horizon = None if until_s is None else until_s * self.speedup
+        for i, row in enumerate(self.rows(horizon)):
+            arrival = float(row["timestamp"]) / 1000.0 / self.speedup
+            if until_s is not None and arrival > until_s:
+                return
+            team = names[0] if len(names) == 1 else rng.choices(names, weights)[0]
+            yield TraceRequest(
+                f"t{i}", arrival, team, self.segment(row), max(1, round(int(row["output_length"]) * self.scale))
+            )
+
+    def rows(self, horizon_s: float | None = None) -> Iterator[dict]:
+        """The trace's rows in order (Mooncake fields); ``horizon_s``: trace seconds a replay needs
+        (a generator in ``loadtest/workloads/`` stops there; the file is read lazily anyway)."""
         with self.path.open("rb") as fh:
-            for i, line in enumerate(fh):
-                if not line.strip():
-                    continue
-                row = orjson.loads(line)
-                arrival = float(row["timestamp"]) / 1000.0 / self.speedup
-                if until_s is not None and arrival > until_s:
-                    return
-                team = names[0] if len(names) == 1 else rng.choices(names, weights)[0]
-                yield TraceRequest(
-                    f"t{i}", arrival, team, self.segment(row), max(1, round(int(row["output_length"]) * self.scale))
-                )
+            for line in fh:
+                if line.strip():
+                    yield orjson.loads(line)
 
     def segment(self, row: dict) -> Segment:
         hash_ids = row["hash_ids"]
@@ -323,15 +329,21 @@ def make_workload(
     speedup: float = 1.0,
     warm_start: bool = False,
 ) -> Workload:
-    """``coding-agent`` or ``trace:PATH`` (``warm_start``: see ``CodingAgent``)."""
+    """``coding-agent``, a member of ``loadtest.workloads.FAMILY`` or ``trace:PATH`` (``warm_start``: see
+    ``CodingAgent``)."""
     if spec == "coding-agent":
         return CodingAgent(seed=seed, scale=scale, think_scale=think_scale, warm_start=warm_start)
+    from loadtest.workloads import FAMILY  # the synthetic family (generated Mooncake-format traces)
+
+    if spec in FAMILY:
+        return FAMILY[spec].make(seed=seed, scale=scale, speedup=speedup)
     if spec.startswith("trace:"):
         path = Path(spec.removeprefix("trace:"))
         if not path.is_file():
             raise ValueError(f"trace file not found: {path}")
         return TraceWorkload(path, speedup=speedup, scale=scale, seed=seed, name=spec)
-    raise ValueError(f"unknown workload '{spec}'; known: coding-agent, trace:PATH")
+    known = ", ".join(["coding-agent", *FAMILY, "trace:PATH"])
+    raise ValueError(f"unknown workload '{spec}'; known: {known}")
 
 
 def segment_blocks(segment: Segment, block_tokens: int) -> list[Block]:

@@ -57,44 +57,50 @@ class MinTTFT(Router):
       reports more waiting requests than this router has pending there (other replicas, other
       clients), that surplus × the recent mean prefill, split over its ranks (a report may be up to
       ``report_lag_s`` old: it is compared with the most this router had pending there meanwhile);
+      plus, with ``n_s`` ≥ the rank's ``max_running_requests`` C, ``(n_s + 1 − C) × mean decode / C``
+      (the wait for a running slot; mean decode: EWMA of first token to finish, measured);
     - ``prefill_s = PrefillModel(P − c_s, c_s) / speed_b``, ``speed_b`` learned per backend as an
       EWMA (``learn_alpha``) of predicted/observed prefill time over requests that found nothing
       queued ahead (observed = TTFT; predicted from the cached tokens the engine reported);
     - ``ttft_s = wait_s + prefill_s``.
 
-    The gate (safety net against hot spots), with ``n_s`` the requests in flight on s (this
-    router's, plus any surplus the backend reports, split over ranks: so replicas see one another's
-    load at the next poll) and ``m = (Σ n + 1) / S``, allows s iff
+    The gate (a safety net against hot spots, not a balancer), with ``n_s`` the requests in flight on
+    s (this router's, plus any surplus the backend reports, split over ranks: so replicas see one
+    another's load at the next poll) and ``m = (Σ n + 1) / S``, allows s iff
     ``n_s + 1 ≤ max(r × m, m + gate_slack)`` (all, if none is), where
-    ``r = gate_ratio × (1 + lost_s / gate_move_s)`` and ``lost_s = max_s prefill_s − min_s prefill_s``
-    is what leaving the cache would cost: a 10k-token miss barely loosens the gate, a 200k-token
-    conversation is moved only off a real hot spot (routine fluctuations of in-flight counts moved
-    such conversations, and their 13 s recomputes delayed everyone behind them).
+    ``r = min(gate_max, gate_ratio × (1 + lost_s / gate_move_s))`` and ``lost_s = max_s prefill_s −
+    min_s prefill_s``: only a request that loses nothing by moving is balanced at 1.5× the mean.
 
-    Warm requests (some slot holds more of the prompt than its common prefix, see below): the near
-    ties are the
-    allowed slots within ``max(tie_abs_s, tie_rel × best)`` of the best ``ttft_s``; among them keep
-    those holding the longest match (a tie must not cost the cache the next turn needs) and pick one
-    at random (seeded). Reason ``prefix`` when the pick holds the longest match of all candidates,
-    ``imbalance`` when the gate removed the slot with the best ``ttft_s``, else ``least_wait``.
+    Warm requests (some slot holds more of the prompt than its common prefix, see below): score
+    ``ttft_s + stay × (prefill_s − min_s prefill_s)`` (leaving the cache costs the recompute now and
+    a second copy that evicts something else: a move must save ``stay`` times what it adds).
+    The near ties are the allowed slots within ``max(tie_abs_s, tie_rel × best)`` of the best score;
+    among them keep those holding the longest match (a tie must not cost the cache the next turn
+    needs) and pick one at random (seeded). Reason ``prefix`` when the pick holds the longest match
+    of all candidates, ``imbalance`` when the gate removed the slot with the best ``ttft_s``, else
+    ``least_wait``.
 
     Cold requests (a new conversation: nobody holds more than the common prefix, i.e. the blocks
     up to the request's deepest ``CommonBlocks`` block: a system prompt, tools, which say nothing
-    about the conversation and must not pull every new one to the slot that has them): order the
-    allowed slots by rendezvous hashing of the request's first distinguishing block (equal for
-    every turn of a conversation, and computed the same way by every gateway replica without
-    shared state) and take the first whose recent working set (``Footprint``, tokens) plus this
-    prompt stays under ``load_factor × (Σ footprint + P) / S + P`` (bounded-load rendezvous; the
-    least loaded allowed slot always fits); reason ``cold_hash``. The working set changes slowly,
-    so replicas that each see only part of the traffic still agree.
+    about the conversation and must not pull every new one to the slot that has them): the pool is
+    the allowed slots with ``wait_s`` within ``max(tie_abs_s, tie_rel × least)`` of the least (the
+    queue, not the TTFT: a common prefix is cheap to cache where it is not yet), only while the
+    backends report at most ``solo_share`` × this router's in-flight count more (else other replicas
+    see other queues: all allowed slots). Order the pool by rendezvous hashing of the request's first
+    distinguishing block (equal for every turn of a conversation and in every replica) and take the
+    first whose recent working set (``Footprint``, tokens) plus this prompt stays under
+    ``load_factor × (Σ footprint + P) / S + P`` (bounded-load rendezvous; the least loaded pool slot
+    always fits); reason ``cold_hash``. The working set changes slowly, so replicas agree.
 
-    Parameters and defaults: ``model`` ``PrefillModel()``, ``tie_rel`` 0.1, ``tie_abs_s`` 0.1,
-    ``gate_ratio`` 1.5, ``gate_slack`` 2 requests, ``gate_move_s`` 2, ``load_factor`` 1.5, ``learn_alpha`` 0.1,
-    ``min_learn_s`` 0.05 (shorter predicted prefills are too noisy to learn from), ``speed`` clamped
-    to [0.1, 10], ``default_capacity`` 1,000,000 tokens per rank until a backend reports its own,
-    ``common`` ``CommonBlocks()``, ``active_s`` 600 (the ``Footprint`` horizon: on the Mooncake trace,
-    600 s beat 120 s and 300 s on both hit rate and balance), ``report_lag_s`` 2 (the pool polls loads
-    about every second), ``seed`` 0 (near-tie RNG).
+    Parameters and defaults (chosen on the tuning part of the routing family,
+    ``loadtest/workloads/``; docs/benchmarks.md "Routing across a workload family"): ``model``
+    ``PrefillModel()``, ``tie_rel`` 0.1, ``tie_abs_s`` 0.1, ``stay`` 10, ``gate_ratio`` 1.5,
+    ``gate_slack`` 8 requests, ``gate_move_s`` 0.1, ``gate_max`` 3, ``solo_share`` 0.25,
+    ``load_factor`` 1.5, ``learn_alpha`` 0.1, ``min_learn_s`` 0.05 (shorter predicted prefills are
+    too noisy to learn from), ``speed`` in [0.1, 10], ``default_capacity`` 1M tokens per rank until
+    a backend reports its own, ``common`` ``CommonBlocks()``, ``active_s`` 600 (the ``Footprint``
+    horizon: on the Mooncake trace, 600 s beat 120 s and 300 s on both hit rate and balance),
+    ``report_lag_s`` 2 (the pool polls loads about every second), ``seed`` 0 (near-tie RNG).
 
     ``Dispatch.scores``: ``prompt_tokens``, ``common_tokens``, ``matched_tokens`` and
     ``expected_ttft_s`` / ``wait_s`` of the pick, ``best_match_tokens``, ``candidates``, and
@@ -111,7 +117,7 @@ class MinTTFT(Router):
         tie_rel: float = 0.1,
         tie_abs_s: float = 0.1,
         gate_ratio: float = 1.5,
-        gate_slack: float = 2.0,
+        gate_slack: float = 8.0,
         load_factor: float = 1.5,
         learn_alpha: float = 0.1,
         min_learn_s: float = 0.05,
@@ -119,9 +125,15 @@ class MinTTFT(Router):
         common: CommonBlocks | None = None,
         active_s: float = 600.0,
         report_lag_s: float = 2.0,
-        gate_move_s: float = 2.0,
+        gate_move_s: float = 0.1,
+        gate_max: float = 3.0,
+        stay: float = 10.0,
+        solo_share: float = 0.25,
         seed: int = 0,
     ) -> None:
+        self.stay = stay
+        self.solo_share = solo_share
+        self.gate_max = gate_max
         self.model = model or PrefillModel()
         self.tie_rel = tie_rel
         self.tie_abs_s = tie_abs_s
@@ -142,12 +154,12 @@ class MinTTFT(Router):
         self._inflight_recent: dict[str, RecentMax] = {}
         self._pending_recent: dict[str, RecentMax] = {}
         self._mean_prefill_s = self.model.seconds(8_000, 0)
+        self._mean_decode_s = 10.0
         self.footprint = Footprint(active_s)
         self._cum_of: tuple[Fingerprint, list[int]] = ((), [0])
         """The last fingerprint's ``cumulative_tokens``: admission's ``matched_tokens``, ``route`` and
         ``dispatched`` ask for the same request's one after another."""
 
-    # -- helpers ---------------------------------------------------------------------------------
     def _state(self, slot: Slot) -> _SlotState:
         st = self._slots.get(slot)
         if st is None:
@@ -184,7 +196,6 @@ class MinTTFT(Router):
         extra_wait = max(0, view.waiting - pending) / ranks
         return extra_n, extra_wait * self._mean_prefill_s
 
-    # -- Router protocol -------------------------------------------------------------------------
     def route(self, req: RequestFacts, backends: Sequence[BackendView], now: float) -> Dispatch | None:
         slots = slots_of(backends)
         if not slots:
@@ -206,9 +217,13 @@ class MinTTFT(Router):
             extra_n, extra_wait = surplus[view.name]
             st = self._slots.get(slot)
             wait = (max(0.0, st.busy_until - now) if st else 0.0) + extra_wait
+            inflight = (st.inflight if st else 0) + extra_n
+            cap = view.max_running_requests
+            if 0 < cap <= inflight:  # a running slot frees every mean decode / cap seconds
+                wait += (inflight + 1 - cap) * self._mean_decode_s / cap
             c = self.index.matched_tokens(slot, fp, cum)
             p = self._prefill(view.name, prompt, c)
-            n.append((st.inflight if st else 0) + extra_n)
+            n.append(inflight)
             matched.append(c)
             prefill.append(p)
             waits.append(wait)
@@ -219,21 +234,36 @@ class MinTTFT(Router):
         # Leaving the cache costs a recompute (``lost_s``): the dearer it is, the hotter a slot
         # must be before the gate sends the request elsewhere.
         lost_s = max(prefill) - min(prefill)
-        ratio = self.gate_ratio * (1 + lost_s / self.gate_move_s)
+        ratio = min(self.gate_max, self.gate_ratio * (1 + lost_s / self.gate_move_s))
         limit = max(ratio * mean_after, mean_after + self.gate_slack)
         allowed = [i for i in range(count) if n[i] + 1 <= limit] or list(range(count))
         best_all = min(range(count), key=ttft.__getitem__)
         best_match = max(matched)
 
         if best_match > common_tokens:
-            best = min(ttft[i] for i in allowed)
+            # Leaving the cache costs the recompute now and the copy it makes (the next request of
+            # the prefix finds it in two places, each holding less else): ``stay`` × the extra prefill.
+            cheapest = min(prefill)
+            score = [ttft[i] + self.stay * (prefill[i] - cheapest) for i in range(count)]
+            best = min(score[i] for i in allowed)
             band = best + max(self.tie_abs_s, self.tie_rel * best)
-            near = [i for i in allowed if ttft[i] <= band]
+            near = [i for i in allowed if score[i] <= band]
             longest = max(matched[i] for i in near)
             chosen = self._rng.choice([i for i in near if matched[i] == longest])
             reason = "prefix" if matched[chosen] == best_match else "least_wait"
         else:
-            chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, allowed, now)
+            # Only the queue ahead decides among cold slots: the common prefix is cheap to cache
+            # where it is not yet (comparing whole TTFTs would keep it on the slots that have it).
+            pool = allowed
+            foreign = sum(surplus[b.name][0] * max(1, b.dp_size) for b in backends)
+            if foreign <= self.solo_share * (sum(n) + 1):
+                # This router sees (nearly) all the load, so its queue view is the backends': the
+                # queue ahead decides. Else other replicas send too and see other queues: hashing
+                # alone keeps them agreeing on where a conversation lives.
+                least = min(waits[i] for i in allowed)
+                band = least + max(self.tie_abs_s, self.tie_rel * least)
+                pool = [i for i in allowed if waits[i] <= band]
+            chosen = self._cold(self._key(fp, common_blocks, req), prompt, slots, pool, now)
             reason = "cold_hash"
         if reason != "cold_hash" and best_all not in allowed and chosen != best_all:
             reason = "imbalance"
@@ -349,6 +379,8 @@ class MinTTFT(Router):
         recent.set(recent.value - 1, now)
         if e.ttft is None:  # else its first token ended its prefill already
             self._prefill_done(e, rid, now)
+        if e.ttft is not None:  # how long a request holds a running slot once it has its first token
+            self._mean_decode_s += 0.05 * (now - e.dispatched_at - e.ttft - self._mean_decode_s)
         if outcome.ok and outcome.reached_backend:
             self.index.insert(e.slot, e.fp)  # the engine caches the prompt again as it finishes
             self._learn(e, outcome)

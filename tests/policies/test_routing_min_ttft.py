@@ -126,26 +126,25 @@ def test_imbalance_gate_overrides_the_holder() -> None:
     assert d is not None and d.backend == holder and d.reason == "prefix"
 
 
-def test_the_gate_spares_a_costly_move() -> None:
+def test_a_queue_moves_a_cheap_conversation_not_a_costly_one() -> None:
+    """A warm request leaves its cache only when the queue there costs more than ``stay`` × the
+    prefill it would add elsewhere: 8 s of queued prefill moves a 2k-token conversation, not a
+    200k-token one (its recompute would take ~17 s, and the next turn would find two half-caches)."""
     router, backends = MinTTFT(), views(4)
     warm_up_common(router, backends)
     small = chain("small/t1", 2000, SYSTEM)
     big = chain("big/t1", 200_000, SYSTEM)
-    home = {}
     for name, fp in (("small", small), ("big", big)):
         r = req(name, fp)
         router.dispatched(r, Dispatch(r.rid, "b0", None, "prefix"), 1.0)
         router.first_token(r.rid, 1.1)
         router.finished(r.rid, "b0", Outcome(), 1.2)
-        home[name] = "b0"
-    for b, busy in (("b0", 6), ("b1", 2), ("b2", 2), ("b3", 2)):  # b0 is busier, not pathological
-        for i in range(busy):
-            r = req(f"{b}-{i}", chain(f"{b}-{i}", 500))
-            router.dispatched(r, Dispatch(r.rid, b, None, "least_wait"), 2.0)
-            router.first_token(r.rid, 2.1)
-    d_small = router.route(req("s2", chain("small/t2", 1000, small)), backends, 3.0)
-    d_big = router.route(req("b2", chain("big/t2", 1000, big)), backends, 3.0)
-    assert d_small is not None and d_small.backend != "b0" and d_small.reason == "imbalance"
+    for i in range(3):  # ~8 s of prefill queued on b0 (no first token yet)
+        r = req(f"q{i}", chain(f"q{i}", 60_000))
+        router.dispatched(r, Dispatch(r.rid, "b0", None, "least_wait"), 2.0)
+    d_small = router.route(req("s2", chain("small/t2", 1000, small)), backends, 2.0)
+    d_big = router.route(req("b2", chain("big/t2", 1000, big)), backends, 2.0)
+    assert d_small is not None and d_small.backend != "b0" and d_small.reason == "least_wait"
     assert d_big is not None and d_big.backend == "b0" and d_big.reason == "prefix"
 
 
