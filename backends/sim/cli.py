@@ -29,6 +29,12 @@ def sim_backend(
         "(an older build: chat and completions only, so a gateway must translate).",
     ),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
+    disaggregation_mode: str = typer.Option(
+        "null", help="SGLang's PD role: null, prefill or decode (docs/disaggregation.md; backends/sim/disagg.py)."
+    ),
+    disaggregation_bootstrap_port: int = typer.Option(
+        8998, help="A prefill twin's bootstrap server port (decode twins fetch a room's KV there)."
+    ),
 ) -> None:
     """Run a simulated SGLang server (replaced by :data:`HELP` below)."""
     from backends.sim.serve import serve
@@ -51,6 +57,8 @@ def sim_backend(
             reasoning=reasoning,
             answer_scale=scale,
             routes=routes,
+            disaggregation_mode=disaggregation_mode,
+            disaggregation_bootstrap_port=disaggregation_bootstrap_port,
         )
     except ValueError as exc:
         typer.echo(f"cachegate sim-backend: {exc}", err=True)

@@ -24,6 +24,7 @@ from backends.sim import routes_messages as messages_routes
 from backends.sim import routes_native as native
 from backends.sim import routes_openai as openai_routes
 from backends.sim import routes_responses as responses_routes
+from backends.sim.disagg import disagg_middleware
 from backends.sim.responses_api import Store
 from backends.sim.runtime import DEFAULT_MODEL, SGLANG_VERSION, ApiError, Twin, tp_size
 
@@ -88,6 +89,9 @@ def create_app(
     answer_scale: float = 1.0,
     routes: str = "all",
     engine_factory: Callable[..., Any] | None = None,
+    disaggregation_mode: str = "null",
+    disaggregation_bootstrap_port: int = 8998,
+    host: str = "127.0.0.1",
 ) -> Starlette:
     """A Starlette app serving one simulated SGLang 0.5.23 server.
 
@@ -97,6 +101,8 @@ def create_app(
     ``reasoning_content`` first. Tool calls: :mod:`backends.sim.agent`. Output length and context:
     :mod:`backends.sim.planner` (``answer_scale`` multiplies the 200-1,500-token answers).
     ``startup_delay_s``: /health answers 503 that long. ``routes``: a key of :data:`ROUTE_SETS`.
+    ``disaggregation_mode`` ``prefill`` or ``decode``: SGLang's PD roles (:mod:`backends.sim.disagg`;
+    a prefill twin's bootstrap server listens on ``host``:``disaggregation_bootstrap_port``).
     """
     if routes not in ROUTE_SETS:
         raise ValueError(f"unknown route set {routes!r}; choose one of: {', '.join(ROUTE_SETS)}")
@@ -159,7 +165,10 @@ def create_app(
             Route("/v1/messages", messages_routes.messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", messages_routes.count_tokens_route, methods=["POST"]),
         ]
-    app = Starlette(routes=table, lifespan=lifespan, middleware=[Middleware(RecordRequests, twin=twin)])
+    middleware = [Middleware(RecordRequests, twin=twin)]
+    if disaggregation_mode != "null":
+        middleware.append(disagg_middleware(disaggregation_mode, disaggregation_bootstrap_port, host, prof, time_scale))
+    app = Starlette(routes=table, lifespan=lifespan, middleware=middleware)
     app.state.twin = twin
     app.state.responses_store = Store()
     return app
