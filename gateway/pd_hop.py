@@ -31,6 +31,7 @@ import httpx
 import orjson
 
 from backends.pool import Backend, BackendPool
+from gateway.metrics import Metrics
 from gateway.proxy import BODY_LIMIT
 from gateway.spans import UpstreamSpan
 from gateway.telemetry import RequestTrace
@@ -154,6 +155,8 @@ class PrefillLeg:
             self.hop.chooser.finished(self.rid, self.backend.name)
             if self.error is not None:
                 self.hop.pool.request_failed(self.backend, self.kind, f"prefill leg: {self.error}")
+                if self.hop.metrics is not None:
+                    self.hop.metrics.upstream_errors.labels(self.backend.name, f"prefill_{self.kind}").inc()
             elif self.refused is None and status == 200:
                 self.hop.pool.request_ok(self.backend)
 
@@ -161,8 +164,14 @@ class PrefillLeg:
 class PdHop:
     """The PD legs of one worker: its client, the pool, the prefill chooser (see the module docstring)."""
 
-    def __init__(self, client: WireClient, pool: BackendPool, chooser: PrefillChooser | None = None) -> None:
-        self.client, self.pool = client, pool
+    def __init__(
+        self,
+        client: WireClient,
+        pool: BackendPool,
+        metrics: Metrics | None = None,
+        chooser: PrefillChooser | None = None,
+    ) -> None:
+        self.client, self.pool, self.metrics = client, pool, metrics
         self.chooser = chooser or PrefillChooser()
 
     def disaggregated(self, alias: str) -> bool:

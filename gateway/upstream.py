@@ -102,7 +102,7 @@ class Upstream:
         self.keepalive_s = keepalive_s
         self.lagging = lagging
         self.retry_after_s = retry_after_s
-        self.pd = PdHop(client, pool)
+        self.pd = PdHop(client, pool, metrics)
         """The prefill legs of a disaggregated pool's turns (gateway/pd_hop.py)."""
 
     async def forward(

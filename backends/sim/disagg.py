@@ -80,6 +80,14 @@ def check_fields(data: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _opening(data: dict[str, Any]) -> str:
+    """The prompt's first 48 characters (tests tell conversations apart by it)."""
+    messages = data.get("messages") or data.get("input") or data.get("prompt") or ""
+    first = messages[0] if isinstance(messages, list) and messages else messages
+    content = first.get("content", "") if isinstance(first, dict) else first
+    return str(content)[:48]
+
+
 class Disaggregated:
     """ASGI middleware: one twin's prefill or decode role (see the module docstring)."""
 
@@ -192,6 +200,7 @@ class Disaggregated:
                 "routed_dp_rank": data.get("routed_dp_rank"),
                 "disagg_prefill_dp_rank": data.get("disagg_prefill_dp_rank"),
                 "problems": problems,
+                "opening": _opening(data),
             }
         )
         if problems:

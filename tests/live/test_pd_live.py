@@ -1,0 +1,198 @@
+"""Live: 2 prefill + 2 decode twins (``tiny``) behind ``cachegate serve --prefill ... --decode ...``.
+
+The OpenAI SDK completes chat (streamed and not) and responses; each twin saw bootstrap fields that
+name a real prefill twin and its bootstrap port; both legs of a turn share one room; a
+conversation's second turn goes to the prefill twin holding its prefix; a prefill twin killed while
+it computes a turn ends in a successful retry with nothing left waiting anywhere."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+
+from backends.sim.testing import SpawnedTwin, free_port, run_twin, spawn_twin
+from tests.harness import Running, run_gateway
+
+pytestmark = pytest.mark.slow  # three processes and two in-process twins: about 15 s in all
+
+MODEL = "kimi"
+TOKEN = "pd-admin"
+
+
+@dataclass
+class Stack:
+    gateway: Running
+    prefills: list[SpawnedTwin]
+    bootstrap: dict[str, int]
+    """Prefill twin URL → its bootstrap port."""
+    decodes: list[str]
+
+    def seen(self, url: str) -> list[dict[str, object]]:
+        return httpx.get(url + "/_twin/disagg", timeout=5).json()["seen"]  # type: ignore[no-any-return]
+
+    def pending(self) -> dict[str, int]:
+        out = {}
+        for url in [*self.prefills, *self.decodes]:
+            with contextlib.suppress(httpx.HTTPError):
+                out[url] = httpx.get(url + "/_twin/disagg", timeout=5).json()["pending"]
+        return out
+
+    def running(self) -> int:
+        state = httpx.get(self.gateway + "/admin/state", headers={"authorization": f"Bearer {TOKEN}"}).json()
+        core = state["core"]
+        return int(core["running"]) + sum(int(t["inflight"]) for t in core["teams"].values())
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    ports = [free_port(), free_port()]
+    with contextlib.ExitStack() as es:
+        prefills = [
+            es.enter_context(
+                spawn_twin(
+                    "tiny",
+                    time_scale=2.0,  # a few thousand tokens' prefill takes long enough to be killed mid-way
+                    extra_args=[
+                        "--model",
+                        MODEL,
+                        "--disaggregation-mode",
+                        "prefill",
+                        "--disaggregation-bootstrap-port",
+                        str(p),
+                    ],
+                )
+            )
+            for p in ports
+        ]
+        decodes = [
+            es.enter_context(run_twin("tiny", model=MODEL, answer_scale=0.05, disaggregation_mode="decode"))
+            for _ in range(2)
+        ]
+        args = ["--model", MODEL, "--admin-token", TOKEN]
+        for url, port in zip(prefills, ports, strict=True):
+            args += ["--prefill", f"{url}:{port}"]
+        for url in decodes:
+            args += ["--decode", url]
+        gateway = es.enter_context(run_gateway(*args))
+        yield Stack(gateway, prefills, dict(zip(prefills, ports, strict=True)), decodes)
+
+
+def _client(stack: Stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.gateway + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def _idle(stack: Stack, within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while any(stack.pending().values()) or stack.running():
+        assert time.monotonic() < deadline, (stack.pending(), stack.running())
+        time.sleep(0.1)
+
+
+def test_the_sdk_completes_every_surface_and_each_leg_got_sound_bootstrap_fields(stack: Stack) -> None:
+    client = _client(stack)
+    before = {u: len(stack.seen(u)) for u in [*stack.prefills, *stack.decodes]}
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello, prefill"}])
+    assert chat.choices[0].message.content and chat.usage and chat.usage.completion_tokens > 1
+    pieces = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello, stream"}], stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
+    assert text
+    response = client.responses.create(model=MODEL, input="hello, responses")
+    assert response.output_text and response.status == "completed"
+
+    rooms: dict[str, set[int]] = {"prefill": set(), "decode": set()}
+    for url in stack.prefills:
+        for s in stack.seen(url)[before[url] :]:
+            assert s["problems"] == [], s
+            assert (s["bootstrap_host"], s["bootstrap_port"]) == ("127.0.0.1", stack.bootstrap[url])
+            rooms["prefill"].add(int(s["bootstrap_room"]))  # type: ignore[call-overload]
+    for url in stack.decodes:
+        for s in stack.seen(url)[before[url] :]:
+            assert s["problems"] == [] and s["bootstrap_port"] in stack.bootstrap.values(), s
+            rooms["decode"].add(int(s["bootstrap_room"]))  # type: ignore[call-overload]
+    assert len(rooms["decode"]) == 3 and rooms["prefill"] == rooms["decode"]  # one room per turn, both legs
+    _idle(stack)
+
+
+def _turn(stack: Stack, messages: list[dict[str, str]]) -> tuple[str, str]:
+    """One non-streamed turn: the prefill twin that computed it (told by the prompt's opening), and the answer."""
+    before = {u: len(stack.seen(u)) for u in stack.prefills}
+    answer = _client(stack).chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+    opening = messages[0]["content"][:48]
+    went = [u for u in stack.prefills if any(s["opening"] == opening for s in stack.seen(u)[before[u] :])]
+    assert len(went) == 1, went
+    return went[0], answer.choices[0].message.content or ""
+
+
+def test_a_second_turn_goes_to_the_prefill_twin_holding_its_prefix(stack: Stack) -> None:
+    convs = [
+        [{"role": "user", "content": f"conversation {i}: " + f"context line {i} about the repository. " * 120}]
+        for i in range(2)
+    ]
+    first: list[str] = ["", ""]
+
+    def run(i: int) -> None:
+        first[i], answer = _turn(stack, convs[i])
+        convs[i] += [{"role": "assistant", "content": answer}, {"role": "user", "content": "and then?"}]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:  # at once: the second cold turn goes to the idle prefill twin
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(first) == set(stack.prefills), first
+    for i in range(2):
+        again, _ = _turn(stack, convs[i])
+        assert again == first[i]
+    _idle(stack)
+
+
+def test_a_prefill_twin_killed_mid_request_ends_in_a_retry_and_nothing_waits(stack: Stack) -> None:
+    victim = stack.prefills[0]  # a cold prompt with both idle goes to the first
+    result: dict[str, object] = {}
+    long_prompt = "a cold prompt that takes a while to prefill. " * 600
+
+    def ask() -> None:
+        t0 = time.monotonic()
+        try:
+            r = _client(stack).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": long_prompt}])
+            result["content"] = r.choices[0].message.content
+        except openai.APIError as exc:
+            result["error"] = exc
+        result["seconds"] = time.monotonic() - t0
+
+    before = len(stack.seen(victim))
+    thread = threading.Thread(target=ask)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while len(stack.seen(victim)) == before:  # the victim took the prefill leg
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    victim.proc.send_signal(signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert result.get("content"), result  # the gateway retried on the other prefill twin
+    assert float(result["seconds"]) < 30  # type: ignore[arg-type]
+    print(f"prefill twin killed mid-request: the client got its answer in {result['seconds']:.2f} s")
+    opening = long_prompt[:48]
+    for url in stack.prefills[1:]:  # the retry's prefill leg went to the other twin
+        assert any(s["opening"] == opening for s in stack.seen(url)), url
+    metrics = httpx.get(stack.gateway + "/metrics").text
+    failed = [
+        line for line in metrics.splitlines() if line.startswith("cachegate_upstream_errors") and "prefill_" in line
+    ]
+    assert any(victim.split("//")[1] in line and not line.endswith(" 0.0") for line in failed), failed
+    t0 = time.monotonic()
+    _idle(stack)  # no leg left waiting on any twin, no seat held
+    print(f"every twin's pending count and the gateway's running count at 0 after {time.monotonic() - t0:.2f} s")
+    again = _client(stack).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "still there?"}])
+    assert again.choices[0].message.content
