@@ -93,6 +93,10 @@ class UpstreamConfig(_Strict):
     """Upstream connections one worker may hold (default: derived, ``Config.upstream_connections``)."""
     sse_keepalive_s: float = Field(15.0, ge=0)
     """Send an SSE comment after this much upstream silence (0: never), so ingress idle timeouts hold."""
+    prefill_timeout_s: float = Field(60.0, gt=0)
+    """A disaggregated turn: longest wait for its prefill leg to hand the KV over (the prefill's answer or
+    the decode leg's first byte) before both legs are closed and another prefill partner is tried
+    (docs/disaggregation.md)."""
 
 
 # Policy parameters: each section's fields are the policy's own (names, types, defaults: see

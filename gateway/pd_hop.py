@@ -169,9 +169,10 @@ class PdHop:
         client: WireClient,
         pool: BackendPool,
         metrics: Metrics | None = None,
+        timeout_s: float = 60.0,
         chooser: PrefillChooser | None = None,
     ) -> None:
-        self.client, self.pool, self.metrics = client, pool, metrics
+        self.client, self.pool, self.metrics, self.timeout_s = client, pool, metrics, timeout_s
         self.chooser = chooser or PrefillChooser()
 
     def disaggregated(self, alias: str) -> bool:
@@ -238,12 +239,15 @@ class PdHop:
 
     async def _gate(self, url: str, headers: dict[str, str], body: bytes, leg: PrefillLeg) -> WireResponse:
         """The decode leg's response, let through once it has body bytes (or ended) or the prefill leg
-        answered; a prefill leg that fails first closes it (``PrefillFailed``, ``PrefillRefused``)."""
+        answered; a prefill leg that fails first, or hands nothing over within ``timeout_s``, closes it
+        (``PrefillFailed``, ``PrefillRefused``)."""
         assert leg.task is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
         decode = asyncio.create_task(self.client.send("POST", url, headers, body))
         try:
-            await asyncio.wait((decode, leg.task), return_when=asyncio.FIRST_COMPLETED)
-            if not decode.done() and not leg.failed:
+            await asyncio.wait((decode, leg.task), timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            if leg.task.done() and not leg.failed and not decode.done():
                 return await decode  # the prefill leg answered: the KV is on the decode backend
             if decode.done():
                 response = decode.result()
@@ -251,14 +255,23 @@ class PdHop:
                     return self._checked(response, leg)
                 readable = asyncio.create_task(response.readable())
                 try:
-                    await asyncio.wait((readable, leg.task), return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        (readable, leg.task),
+                        timeout=max(0.0, deadline - loop.time()),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
                 finally:
                     readable.cancel()
-                return self._checked(response, leg)
+                if response.out or response.done or response.error is not None or leg.task.done():
+                    return self._checked(response, leg)
+                response.close()
+            if not leg.task.done():  # neither leg moved in time: the prefill hangs
+                leg.kind, leg.error = "timeout", f"no handover within {self.timeout_s:g} s"
+                leg.task.cancel()
         except BaseException:
             await _cancel(decode)
             raise
-        await _cancel(decode)  # the prefill leg failed first
+        await _cancel(decode)  # the prefill leg failed (or hung) first
         raise leg.refused or PrefillFailed(leg.error or "failed")
 
     @staticmethod

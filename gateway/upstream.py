@@ -94,6 +94,7 @@ class Upstream:
         keepalive_s: float,
         lagging: Callable[[], bool] = lambda: False,
         retry_after_s: int = 1,
+        prefill_timeout_s: float = 60.0,
     ) -> None:
         self.client = client
         self.pool = pool
@@ -102,7 +103,7 @@ class Upstream:
         self.keepalive_s = keepalive_s
         self.lagging = lagging
         self.retry_after_s = retry_after_s
-        self.pd = PdHop(client, pool, metrics)
+        self.pd = PdHop(client, pool, metrics, prefill_timeout_s)
         """The prefill legs of a disaggregated pool's turns (gateway/pd_hop.py)."""
 
     async def forward(

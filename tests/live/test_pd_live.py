@@ -18,13 +18,14 @@ import httpx
 import openai
 import pytest
 
-from backends.sim.testing import SpawnedTwin, free_port, run_twin, spawn_twin
+from backends.sim.testing import SpawnedTwin, free_port, spawn_twin
 from tests.harness import Running, run_gateway
 
 pytestmark = pytest.mark.slow  # three processes and two in-process twins: about 15 s in all
 
 MODEL = "kimi"
 TOKEN = "pd-admin"
+PREFILL_TIMEOUT_S = 3.0
 
 
 @dataclass
@@ -33,7 +34,7 @@ class Stack:
     prefills: list[SpawnedTwin]
     bootstrap: dict[str, int]
     """Prefill twin URL → its bootstrap port."""
-    decodes: list[str]
+    decodes: list[SpawnedTwin]
 
     def seen(self, url: str) -> list[dict[str, object]]:
         return httpx.get(url + "/_twin/disagg", timeout=5).json()["seen"]  # type: ignore[no-any-return]
@@ -52,8 +53,10 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     ports = [free_port(), free_port()]
+    config = tmp_path_factory.mktemp("pd") / "cachegate.yaml"
+    config.write_text(f"upstream: {{prefill_timeout_s: {PREFILL_TIMEOUT_S}}}\nhealth: {{interval_s: 1.0}}\n")
     with contextlib.ExitStack() as es:
         prefills = [
             es.enter_context(
@@ -73,16 +76,23 @@ def stack() -> Iterator[Stack]:
             for p in ports
         ]
         decodes = [
-            es.enter_context(run_twin("tiny", model=MODEL, answer_scale=0.05, disaggregation_mode="decode"))
+            es.enter_context(
+                spawn_twin("tiny", extra_args=["--model", MODEL, "--scale", "0.05", "--disaggregation-mode", "decode"])
+            )
             for _ in range(2)
         ]
-        args = ["--model", MODEL, "--admin-token", TOKEN]
+        args = ["--config", str(config), "--model", MODEL, "--admin-token", TOKEN]
         for url, port in zip(prefills, ports, strict=True):
             args += ["--prefill", f"{url}:{port}"]
         for url in decodes:
             args += ["--decode", url]
         gateway = es.enter_context(run_gateway(*args))
-        yield Stack(gateway, prefills, dict(zip(prefills, ports, strict=True)), decodes)
+        try:
+            yield Stack(gateway, prefills, dict(zip(prefills, ports, strict=True)), decodes)
+        finally:
+            for twin in [*prefills, *decodes]:  # a stopped twin must run again to be terminated
+                with contextlib.suppress(ProcessLookupError):
+                    twin.proc.send_signal(signal.SIGCONT)
 
 
 def _client(stack: Stack) -> openai.OpenAI:
@@ -154,6 +164,83 @@ def test_a_second_turn_goes_to_the_prefill_twin_holding_its_prefix(stack: Stack)
         again, _ = _turn(stack, convs[i])
         assert again == first[i]
     _idle(stack)
+
+
+def _healthy(stack: Stack, url: str, within_s: float = 15.0) -> None:
+    name = url.split("//")[1]
+    deadline = time.monotonic() + within_s
+    while True:
+        state = httpx.get(stack.gateway + "/admin/state", headers={"authorization": f"Bearer {TOKEN}"}).json()
+        if state["backends"][name]["healthy"]:
+            return
+        assert time.monotonic() < deadline, state["backends"]
+        time.sleep(0.2)
+
+
+def _errors(stack: Stack, twin: str, kind: str) -> float:
+    name = twin.split("//")[1]
+    total = 0.0
+    for line in httpx.get(stack.gateway + "/metrics").text.splitlines():
+        if (
+            line.startswith("cachegate_upstream_errors_total{")
+            and f'backend="{name}"' in line
+            and f'kind="{kind}"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_hung_prefill_twin_is_given_up_after_the_prefill_timeout(stack: Stack) -> None:
+    hung = stack.prefills[1]
+    hung.proc.send_signal(signal.SIGSTOP)
+    took: dict[int, float] = {}
+    answers: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        t0 = time.monotonic()
+        prompt = f"hung {i}: " + f"cold context {i} that takes a moment to prefill. " * 300
+        r = _client(stack).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}])
+        answers[i], took[i] = r.choices[0].message.content or "", time.monotonic() - t0
+
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for t in threads:  # at once: the second goes to the (hung) idle prefill twin
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert all(answers.get(i) for i in range(2)), (answers, took)
+        print(f"a hung prefill twin: the two turns answered in {took[0]:.2f} s and {took[1]:.2f} s")
+        assert max(took.values()) >= PREFILL_TIMEOUT_S  # one waited for the hung twin, then was retried
+        assert max(took.values()) < PREFILL_TIMEOUT_S + 15
+        assert _errors(stack, hung, "prefill_timeout") >= 1
+    finally:
+        hung.proc.send_signal(signal.SIGCONT)
+    _idle(stack)
+    _healthy(stack, hung)
+
+
+def test_a_decode_twin_killed_mid_stream_ends_the_stream_with_an_error(stack: Stack) -> None:
+    opening = "decode kill: a long answer, please."
+    stream = _client(stack).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": opening}],
+        stream=True,
+        max_tokens=4000,
+        extra_body={"ignore_eos": True},
+    )
+    pieces = iter(stream)
+    first = next(pieces)
+    assert first is not None
+    victim = next(u for u in stack.decodes if any(s["opening"] == opening[:48] for s in stack.seen(u)))
+    victim.proc.send_signal(signal.SIGKILL)
+    with pytest.raises(openai.APIError):
+        for _ in pieces:
+            pass
+    stack.decodes.remove(victim)  # gone for good: the later checks skip it
+    _idle(stack)  # the prefill leg had ended; nothing waits anywhere, no seat held
+    for i in range(2):  # the next turns go to the live decode twin
+        r = _client(stack).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"after {i}"}])
+        assert r.choices[0].message.content
 
 
 def test_a_prefill_twin_killed_mid_request_ends_in_a_retry_and_nothing_waits(stack: Stack) -> None:
