@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -130,6 +131,45 @@ def test_the_sdk_completes_every_surface_and_each_leg_got_sound_bootstrap_fields
             assert s["problems"] == [] and s["bootstrap_port"] in stack.bootstrap.values(), s
             rooms["decode"].add(int(s["bootstrap_room"]))  # type: ignore[call-overload]
     assert len(rooms["decode"]) == 3 and rooms["prefill"] == rooms["decode"]  # one room per turn, both legs
+    _idle(stack)
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file of the project.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
+
+
+def test_a_tool_round_trip_on_chat_and_on_messages(stack: Stack) -> None:
+    client = _client(stack)
+    history: list[dict[str, object]] = [{"role": "user", "content": "Look at the project, then summarise it."}]
+    call = client.chat.completions.create(model=MODEL, messages=history, tools=[TOOL])  # type: ignore[arg-type,list-item]
+    tool_call = call.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert call.choices[0].finish_reason == "tool_calls" and tool_call.function.name == "read_file"
+    history += [
+        call.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": tool_call.id, "content": "# demo project"},
+    ]
+    after = client.chat.completions.create(model=MODEL, messages=history, tools=[TOOL])  # type: ignore[arg-type,list-item]
+    assert after.choices[0].finish_reason == "stop" and after.choices[0].message.content
+
+    a_tool = {"name": "Read", "description": "Read a file.", "input_schema": TOOL["function"]["parameters"]}  # type: ignore[index]
+    anth = anthropic.Anthropic(base_url=stack.gateway, api_key="x", max_retries=0)
+    msgs: list[dict[str, object]] = [{"role": "user", "content": "Look at the project."}]
+    first = anth.messages.create(model=MODEL, max_tokens=4096, tools=[a_tool], messages=msgs)  # type: ignore[list-item,arg-type]
+    use = next(c for c in first.content if c.type == "tool_use")
+    assert first.stop_reason == "tool_use" and use.name == "Read"
+    msgs += [
+        {"role": "assistant", "content": [c.model_dump(exclude_none=True) for c in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "# demo"}]},
+    ]
+    with anth.messages.stream(model=MODEL, max_tokens=4096, tools=[a_tool], messages=msgs) as stream:  # type: ignore[list-item,arg-type]
+        final = stream.get_final_message()
+    assert final.stop_reason == "end_turn" and any(c.type == "text" and c.text for c in final.content)
     _idle(stack)
 
 
