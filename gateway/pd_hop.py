@@ -216,8 +216,8 @@ class PdHop:
             host = urlsplit(prefill.url).hostname or ""
             port = prefill.config.bootstrap_port or 0
             prefill_body, decode_body = leg_bodies(body, host, port, room, rank, prefill.dp_size)
-            leg = PrefillLeg(self, prefill, rid)
-            self.chooser.started(rid, prefill.name, fp, tokens, matched)
+            leg = PrefillLeg(self, prefill, f"{rid}:{room}")  # a retried turn's legs are counted apart
+            self.chooser.started(leg.rid, prefill.name, fp, tokens, matched)
             prefill_headers = {**headers, **prefill.headers()}
             prefill_url = prefill.url + path
             span = trace.upstream(prefill.name, prefill_url, prefill_headers)

@@ -90,6 +90,12 @@ HELP = "\n\n".join(
             "Context: every profile serves Kimi's 262,144-token window (max_model_len); only a prompt (+",
             "max_tokens) past it is refused with 400. The KV pool is the profile's.",
         ),
+        _paragraph(
+            "Disaggregated (--disaggregation-mode prefill|decode): SGLang's PD roles; a request without",
+            "bootstrap_room is refused (400); a prefill twin answers one token once a decode twin took the room",
+            "from its bootstrap port; a decode twin fetches the room, then generates. GET /_twin/disagg: pending",
+            "legs and the fields each request carried (docs/disaggregation.md).",
+        ),
     )
 )
 sim_backend.__doc__ = HELP
