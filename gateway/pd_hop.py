@@ -174,9 +174,11 @@ class PdHop:
     ) -> None:
         self.client, self.pool, self.metrics, self.timeout_s = client, pool, metrics, timeout_s
         self.chooser = chooser or PrefillChooser()
+        self._aliases = frozenset(alias for alias in pool.models if pool.prefills(alias))
 
     def disaggregated(self, alias: str) -> bool:
-        return bool(self.pool.prefills(alias))
+        """On every request's path: a set lookup (the pool's models are fixed when it is built)."""
+        return alias in self._aliases
 
     def _partner(self, alias: str, fp: Fingerprint, tokens: int, tried: set[str]) -> tuple[Backend, int] | None:
         candidates = [b for b in self.pool.prefills(alias) if b.healthy and b.name not in tried]
