@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 from urllib.parse import urlsplit
 
@@ -40,6 +41,8 @@ from gateway.wire_pool import WireClient
 from policies.prefill_choice import PrefillChooser
 from policies.prefix import total_tokens
 from policies.types import Fingerprint
+
+log = logging.getLogger("cachegate")
 
 ROUTING_FIELDS = (
     "bootstrap_host",
@@ -230,9 +233,14 @@ class PdHop:
             try:
                 response = await self._gate(url, headers, decode_body, leg)
             except PrefillFailed as exc:
+                log.warning("request %s: prefill leg on %s failed (%s); trying another partner", rid, prefill.name, exc)
                 errors.append(f"{prefill.name}: {exc}")
                 continue
-            except BaseException:
+            except asyncio.CancelledError:
+                leg.end(clean=False)
+                raise
+            except BaseException as exc:
+                log.warning("request %s: decode leg failed before its first byte (%r); prefill leg closed", rid, exc)
                 leg.end(clean=False)
                 raise
             if response.status_code != 200:

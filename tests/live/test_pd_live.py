@@ -18,6 +18,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+import yaml
 
 from backends.sim.testing import SpawnedTwin, free_port, spawn_twin
 from tests.harness import Running, run_gateway
@@ -25,6 +26,7 @@ from tests.harness import Running, run_gateway
 pytestmark = pytest.mark.slow  # three processes and two in-process twins: about 15 s in all
 
 MODEL = "kimi"
+NATIVE = "kimi-native"
 TOKEN = "pd-admin"
 PREFILL_TIMEOUT_S = 3.0
 
@@ -57,7 +59,6 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     ports = [free_port(), free_port()]
     config = tmp_path_factory.mktemp("pd") / "cachegate.yaml"
-    config.write_text(f"upstream: {{prefill_timeout_s: {PREFILL_TIMEOUT_S}}}\nhealth: {{interval_s: 1.0}}\n")
     with contextlib.ExitStack() as es:
         prefills = [
             es.enter_context(
@@ -82,6 +83,23 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             )
             for _ in range(2)
         ]
+        native = [{"url": str(u), "role": "prefill", "bootstrap_port": p} for u, p in zip(prefills, ports, strict=True)]
+        native += [{"url": str(u), "role": "decode"} for u in decodes]
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "upstream": {"prefill_timeout_s": PREFILL_TIMEOUT_S},
+                    "health": {"interval_s": 1.0},
+                    "models": {  # the same pool, its Responses and Messages posted to the twins' own routes
+                        NATIVE: {
+                            "upstream_model": MODEL,
+                            "backends": native,
+                            "surfaces": {"responses": "passthrough", "messages": "passthrough"},
+                        }
+                    },
+                }
+            )
+        )
         args = ["--config", str(config), "--model", MODEL, "--admin-token", TOKEN]
         for url, port in zip(prefills, ports, strict=True):
             args += ["--prefill", f"{url}:{port}"]
@@ -131,6 +149,27 @@ def test_the_sdk_completes_every_surface_and_each_leg_got_sound_bootstrap_fields
             assert s["problems"] == [] and s["bootstrap_port"] in stack.bootstrap.values(), s
             rooms["decode"].add(int(s["bootstrap_room"]))  # type: ignore[call-overload]
     assert len(rooms["decode"]) == 3 and rooms["prefill"] == rooms["decode"]  # one room per turn, both legs
+    _idle(stack)
+
+
+def test_responses_and_messages_posted_to_the_twins_own_routes_carry_the_fields(stack: Stack) -> None:
+    before = {u: len(stack.seen(u)) for u in [*stack.prefills, *stack.decodes]}
+    response = _client(stack).responses.create(model=NATIVE, input="hello, native responses")
+    assert response.output_text and response.status == "completed"
+    anth = anthropic.Anthropic(base_url=stack.gateway, api_key="x", max_retries=0)
+    message = anth.messages.create(
+        model=NATIVE, max_tokens=512, messages=[{"role": "user", "content": "hello, native"}]
+    )
+    assert message.stop_reason == "end_turn" and message.content[0].type == "text" and message.usage.output_tokens > 1
+    seen = [s for u in [*stack.prefills, *stack.decodes] for s in stack.seen(u)[before[u] :]]
+    paths = sorted(str(s["path"]) for s in seen)
+    assert paths == [
+        "/v1/messages",
+        "/v1/messages",
+        "/v1/responses",
+        "/v1/responses",
+    ]  # one prefill + one decode leg each
+    assert all(s["problems"] == [] for s in seen)
     _idle(stack)
 
 
@@ -185,8 +224,8 @@ def _turn(stack: Stack, messages: list[dict[str, str]]) -> tuple[str, str]:
 
 def test_a_second_turn_goes_to_the_prefill_twin_holding_its_prefix(stack: Stack) -> None:
     convs = [
-        [{"role": "user", "content": f"conversation {i}: " + f"context line {i} about the repository. " * 120}]
-        for i in range(2)
+        [{"role": "user", "content": f"conversation {i}: " + f"context line {i} about the repository. " * n}]
+        for i, n in ((0, 700), (1, 120))
     ]
     first: list[str] = ["", ""]
 
@@ -194,16 +233,31 @@ def test_a_second_turn_goes_to_the_prefill_twin_holding_its_prefix(stack: Stack)
         first[i], answer = _turn(stack, convs[i])
         convs[i] += [{"role": "assistant", "content": answer}, {"role": "user", "content": "and then?"}]
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:  # at once: the second cold turn goes to the idle prefill twin
-        t.start()
-    for t in threads:
-        t.join()
+    long_turn = threading.Thread(target=run, args=(0,))
+    long_turn.start()
+    deadline = time.monotonic() + 10
+    while not any(stack.pending()[u] for u in stack.prefills):  # the long cold turn is being prefilled
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    run(1)  # a cold turn while one prefill twin is busy goes to the idle one
+    long_turn.join(30)
     assert set(first) == set(stack.prefills), first
     for i in range(2):
         again, _ = _turn(stack, convs[i])
         assert again == first[i]
     _idle(stack)
+
+
+def _retries(metrics: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("cachegate_route_decisions_total{") and 'reason="retry"' in line
+    )
+
+
+def _log_tail(stack: Stack) -> str:
+    return stack.gateway.output()[-6000:]
 
 
 def _healthy(stack: Stack, url: str, within_s: float = 15.0) -> None:
@@ -238,14 +292,19 @@ def test_a_hung_prefill_twin_is_given_up_after_the_prefill_timeout(stack: Stack)
 
     def ask(i: int) -> None:
         t0 = time.monotonic()
-        prompt = f"hung {i}: " + f"cold context {i} that takes a moment to prefill. " * 300
+        prompt = f"hung {i}: " + f"cold context {i} that takes a moment to prefill. " * (600 if i == 0 else 100)
         r = _client(stack).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}])
         answers[i], took[i] = r.choices[0].message.content or "", time.monotonic() - t0
 
+    live = stack.prefills[0]
     try:
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
-        for t in threads:  # at once: the second goes to the (hung) idle prefill twin
-            t.start()
+        threads[0].start()  # both idle: the long cold turn goes to the first prefill twin
+        deadline = time.monotonic() + 10
+        while not httpx.get(live + "/_twin/disagg", timeout=5).json()["pending"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        threads[1].start()  # while it computes: the next cold turn goes to the idle (hung) one
         for t in threads:
             t.join(60)
         assert all(answers.get(i) for i in range(2)), (answers, took)
@@ -298,6 +357,7 @@ def test_a_prefill_twin_killed_mid_request_ends_in_a_retry_and_nothing_waits(sta
         result["seconds"] = time.monotonic() - t0
 
     before = len(stack.seen(victim))
+    retries_before = _retries(httpx.get(stack.gateway + "/metrics").text)
     thread = threading.Thread(target=ask)
     thread.start()
     deadline = time.monotonic() + 10
@@ -317,7 +377,9 @@ def test_a_prefill_twin_killed_mid_request_ends_in_a_retry_and_nothing_waits(sta
     failed = [
         line for line in metrics.splitlines() if line.startswith("cachegate_upstream_errors") and "prefill_" in line
     ]
-    assert any(victim.split("//")[1] in line and not line.endswith(" 0.0") for line in failed), failed
+    counted = any(victim.split("//")[1] in line and not line.endswith(" 0.0") for line in failed)
+    # the victim's leg failed and was counted, or its decode leg failed first and the turn was retried
+    assert counted or _retries(metrics) > retries_before, (failed, _log_tail(stack))
     t0 = time.monotonic()
     _idle(stack)  # no leg left waiting on any twin, no seat held
     print(f"every twin's pending count and the gateway's running count at 0 after {time.monotonic() - t0:.2f} s")
