@@ -21,6 +21,10 @@ EngineName = Literal["sglang", "vllm", "openai", "auto"]
 """A backend's engine dialect (``backends/engines/``, ``docs/engines.md``): ``auto`` detects it from what
 the server answers."""
 SurfaceName = Literal["responses", "messages"]
+Role = Literal["prefill", "decode"]
+"""A backend's part in a prefill/decode-disaggregated pool (SGLang ``--disaggregation-mode``)."""
+DEFAULT_BOOTSTRAP_PORT = 8998
+"""SGLang 0.5.23's ``--disaggregation-bootstrap-port`` default (the ``--prefill URL`` flag's)."""
 SurfaceMode = Literal["passthrough", "translate", "auto"]
 """How a backend answers a client surface other than chat: ``passthrough`` (post the client's API to
 the backend's own route), ``translate`` (post ``/v1/chat/completions`` and translate back), ``auto``
@@ -58,6 +62,10 @@ class BackendConfig(_Strict):
     host_load_tokens_per_s: float = Field(0.0, ge=0)
     """How fast a host-tier hit is loaded back to the GPU, tokens/s (host-to-GPU bandwidth over the KV
     bytes per token per GPU; ~1.4M on 8×B300 with fp8 KV); 0: no host tier."""
+    role: Role | None = None
+    """``prefill`` or ``decode`` in a disaggregated pool (docs/disaggregation.md); None: co-located."""
+    bootstrap_port: int | None = Field(None, ge=1, le=65535)
+    """A prefill backend's ``--disaggregation-bootstrap-port`` (the decode node fetches the KV there)."""
 
     @field_validator("url")
     @classmethod
@@ -72,6 +80,10 @@ class BackendConfig(_Strict):
             raise ValueError("engine: openai has no DP ranks to address (dp_size must be 1)")
         if (self.host_tier_tokens > 0) != (self.host_load_tokens_per_s > 0):
             raise ValueError("host_tier_tokens and host_load_tokens_per_s are set together (a host tier needs both)")
+        if self.role == "prefill" and self.bootstrap_port is None:
+            raise ValueError(f"backend {self.url}: role prefill needs bootstrap_port (SGLang's default is 8998)")
+        if self.bootstrap_port is not None and self.role != "prefill":
+            raise ValueError(f"backend {self.url}: bootstrap_port is for role: prefill backends only")
         if not self.name:
             self.name = self.url.split("://", 1)[1].split("/", 1)[0]
         return self
@@ -88,6 +100,37 @@ class ModelConfig(_Strict):
     backends: list[BackendConfig] = Field(default_factory=list)
     surfaces: dict[SurfaceName, SurfaceMode] = Field(default_factory=dict)
     """Per surface, the mode of this model's backends (default ``translate``: ``docs/clients.md``)."""
+
+    @model_validator(mode="after")
+    def _roles(self) -> ModelConfig:
+        roles = {b.role for b in self.backends}
+        if roles & {"prefill", "decode"}:
+            if None in roles:
+                raise ValueError("a disaggregated model's backends each need role: prefill or role: decode")
+            if "decode" not in roles:
+                raise ValueError("a model with prefill backends needs decode backends (role: decode)")
+            if "prefill" not in roles:
+                raise ValueError("a model with decode backends needs prefill backends (role: prefill)")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(b.role is not None for b in self.backends)
+
+
+def pd_backends(prefill: list[str], decode: list[str]) -> list[dict[str, Any]]:
+    """``--prefill URL[:BOOTSTRAP_PORT]`` and ``--decode URL`` flags → backend entries. A prefill URL
+    with a second port after its own (``http://10.0.0.5:30000:8998``) names its bootstrap port, else
+    SGLang's default 8998."""
+    out: list[dict[str, Any]] = []
+    for item in prefill:
+        url, port = item, DEFAULT_BOOTSTRAP_PORT
+        head, sep, tail = item.rpartition(":")
+        if sep and tail.isdigit() and head.count(":") >= 2:  # scheme://host:port:bootstrap
+            url, port = head, int(tail)
+        out.append({"url": url, "role": "prefill", "bootstrap_port": port})
+    out.extend({"url": url, "role": "decode"} for url in decode)
+    return out
 
 
 class HealthConfig(_Strict):

@@ -127,7 +127,13 @@ class BackendPool:
             listener(alias, views)
 
     def views(self, alias: str) -> list[BackendView]:
-        return [b.view() for b in self.models.get(alias, [])]
+        """What the decision core routes over: a disaggregated pool's decode backends (its prefill
+        partners are chosen at dispatch, gateway/pd_hop.py)."""
+        return [b.view() for b in self.models.get(alias, []) if b.config.role != "prefill"]
+
+    def prefills(self, alias: str) -> list[Backend]:
+        """A disaggregated model's prefill backends (empty for a co-located one)."""
+        return [b for b in self.models.get(alias, []) if b.config.role == "prefill"]
 
     def all(self) -> list[Backend]:
         return [b for backends in self.models.values() for b in backends]

@@ -81,6 +81,13 @@ def serve(
     ),
     backend: list[str] = typer.Option([], "--backend", help="Backend URL (repeatable); needs --model."),
     model: str | None = typer.Option(None, "--model", help="Model alias clients use (quick start)."),
+    prefill: list[str] = typer.Option(
+        [],
+        "--prefill",
+        help="Prefill backend URL[:BOOTSTRAP_PORT] of a disaggregated pool (repeatable; bootstrap port 8998 "
+        "by default); needs --decode and --model.",
+    ),
+    decode: list[str] = typer.Option([], "--decode", help="Decode backend URL (repeatable); needs --prefill."),
     api_key: list[str] = typer.Option([], "--api-key", help="KEY or KEY=TEAM (repeatable)."),
     host: str | None = typer.Option(None, "--host", help="Listen address (default 127.0.0.1)."),
     port: int | None = typer.Option(None, "--port", help="Listen port (default 8080)."),
@@ -102,13 +109,14 @@ def serve(
     """Run the gateway."""
     import os
 
+    from backends.config import pd_backends
     from gateway.config import load_config
     from gateway.serve import run
 
     try:
         cfg = load_config(
             config,
-            backends=backend,
+            backends=[*backend, *pd_backends(prefill, decode)],
             model=model,
             api_keys=api_key,
             host=host,

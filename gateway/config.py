@@ -93,6 +93,10 @@ class UpstreamConfig(_Strict):
     """Upstream connections one worker may hold (default: derived, ``Config.upstream_connections``)."""
     sse_keepalive_s: float = Field(15.0, ge=0)
     """Send an SSE comment after this much upstream silence (0: never), so ingress idle timeouts hold."""
+    prefill_timeout_s: float = Field(60.0, gt=0)
+    """A disaggregated turn: longest wait for its prefill leg to hand the KV over (the prefill's answer or
+    the decode leg's first byte) before both legs are closed and another prefill partner is tried
+    (docs/disaggregation.md)."""
 
 
 # Policy parameters: each section's fields are the policy's own (names, types, defaults: see
@@ -313,7 +317,7 @@ def hash_key(key: str) -> str:
 def load_config(
     path: str | Path | None = None,
     *,
-    backends: list[str] | None = None,
+    backends: list[str | dict[str, Any]] | None = None,
     model: str | None = None,
     api_keys: list[str] | None = None,
     host: str | None = None,
@@ -327,7 +331,8 @@ def load_config(
     """Build the configuration from a file, the environment and quick-start flags.
 
     ``backends`` + ``model`` (``--backend URL``, ``--model ALIAS``) add a model whose upstream
-    served name is the alias itself; ``api_keys`` items are ``KEY`` (team default) or ``KEY=TEAM``.
+    served name is the alias itself (an item may be a backend mapping: ``--prefill``/``--decode``,
+    ``backends.config.pd_backends``); ``api_keys`` items are ``KEY`` (team default) or ``KEY=TEAM``.
     """
     path = path or os.environ.get("CACHEGATE_CONFIG") or None
     if path:
@@ -355,7 +360,10 @@ def load_config(
             raise ValueError("--backend needs --model ALIAS (the model name clients use)")
         models = dict(data.get("models") or {})
         entry = dict(models.get(model) or {})
-        entry["backends"] = [*list(entry.get("backends") or []), *({"url": u} for u in backends)]
+        entry["backends"] = [
+            *list(entry.get("backends") or []),
+            *({"url": u} if isinstance(u, str) else u for u in backends),
+        ]
         models[model] = entry
         data["models"] = models
     elif model and model not in (data.get("models") or {}):

@@ -245,6 +245,7 @@ class RequestPath:
         alias = req.model
         fingerprint, rendered = request_fingerprint(req.prompt, gw.estimator.ratio)
         req.prompt_bytes = rendered
+        req.fingerprint = fingerprint
         facts = RequestFacts(
             rid=rid,
             model=alias,

@@ -71,6 +71,8 @@ class ClientRequest:
     """The caller's team (set by the path before ``Surface.prepare``)."""
     client: ClientOut | None = None
     """The client's connection if the server lends it to the relay (set by the path)."""
+    fingerprint: tuple[tuple[int, int], ...] = ()
+    """The prompt's fingerprint (set by the path; a disaggregated pool's prefill choice reads it)."""
 
 
 @dataclass(slots=True)

@@ -32,6 +32,7 @@ from backends.pool import Backend, BackendPool
 from gateway.dispatch import Dispatcher
 from gateway.errors import GatewayError
 from gateway.metrics import Metrics
+from gateway.pd_hop import PdHop, PrefillFailed, PrefillLeg, PrefillRefused
 from gateway.proxy import BODY_LIMIT, RETRYABLE, Result, read_body
 from gateway.relay import MALFORMED
 from gateway.spans import UpstreamSpan
@@ -94,6 +95,7 @@ class Upstream:
         keepalive_s: float,
         lagging: Callable[[], bool] = lambda: False,
         retry_after_s: int = 1,
+        prefill_timeout_s: float = 60.0,
     ) -> None:
         self.client = client
         self.pool = pool
@@ -102,6 +104,8 @@ class Upstream:
         self.keepalive_s = keepalive_s
         self.lagging = lagging
         self.retry_after_s = retry_after_s
+        self.pd = PdHop(client, pool, metrics, prefill_timeout_s)
+        """The prefill legs of a disaggregated pool's turns (gateway/pd_hop.py)."""
 
     async def forward(
         self,
@@ -191,8 +195,28 @@ class Upstream:
         }
         span = trace.upstream(backend.name, url, headers)  # adds traceparent
         m = self.metrics
+        leg: PrefillLeg | None = None
         try:
-            response = await self.client.send("POST", url, headers, call.body)
+            if self.pd.disaggregated(req.model):
+                response, leg = await self.pd.send(
+                    rid, req.model, req.fingerprint, rank, url, call.path, headers, call.body, trace
+                )
+            else:
+                response = await self.client.send("POST", url, headers, call.body)
+        except PrefillFailed as exc:  # no prefill partner computed it: the decode leg is closed, not blamed
+            span.failed("prefill", exc)
+            m.upstream_errors.labels(backend.name, "prefill").inc()
+            if exc.none_healthy:
+                exchange.error = GatewayError(503, str(exc), "no_healthy_backend", headers={"retry-after": "1"})
+                return "refused"
+            log.warning("request %s: prefill leg failed: %s", rid, exc)
+            return "unreached"
+        except PrefillRefused as refused:  # the prefill backend refused the request: its answer is the client's
+            span.failed("prefill", refused)
+            ctx = RelayContext(exchange.result, trace.first_token, 0.0, [(b"x-request-id", rid.encode())], req.client)
+            exchange.result.status = exchange.status = refused.status
+            await call.relay.whole(refused.status, refused.payload, refused.content_type, send, ctx)
+            return "refused"
         except httpx.PoolTimeout as exc:  # our own connection budget, not the backend: refuse, blame nobody
             span.failed("connect", exc)
             exchange.error = GatewayError(
@@ -228,6 +252,7 @@ class Upstream:
             result, self._first_token(rid, req, trace), self.keepalive_s, [(b"x-request-id", rid.encode())], req.client
         )
         status = response.status_code
+        relayed = False
         try:
             result.status = status
             if status >= 500:
@@ -261,8 +286,11 @@ class Upstream:
                 if result.stream_error in BROKEN:
                     m.upstream_errors.labels(backend.name, result.stream_error).inc()
             exchange.status = status
+            relayed = True
         finally:
             response.close()
+            if leg is not None:
+                leg.end(clean=relayed and status == 200 and result.stream_error is None)
             span.done(status, result.stream_error)
             fault = backend_fault(status=status)
             if fault is None and result.stream_error is not None:  # the loop's lag matters only then

@@ -302,6 +302,16 @@ class WireResponse(asyncio.Protocol):
         if self.error is not None:
             raise self.error
 
+    async def readable(self) -> None:
+        """Wait until body bytes, the end or an error are there, taking nothing (the PD hop's gate:
+        gateway/pd_hop.py)."""
+        while not self.out and not self.done and self.error is None:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+
     def body_now(self, limit: int) -> bytes | None:
         """The whole body when all of it has arrived (at most ``limit`` bytes), without waiting;
         else None (``gateway/proxy.py``'s ``read_body`` waits for it)."""

@@ -111,6 +111,7 @@ class Gateway:
             up.sse_keepalive_s,
             self.overload.lagging,
             self.config.overload.retry_after_s,
+            up.prefill_timeout_s,
         )
         self.pool.subscribe(self._backends_changed)
         self.metrics.init_labels(self.config.teams, (b.name for b in self.pool.all()))

@@ -34,6 +34,12 @@ def sim_backend(
         "X-data-parallel-rank, vLLM's error envelope, no SGLang-only routes). The engine model is the same.",
     ),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
+    disaggregation_mode: str = typer.Option(
+        "null", help="SGLang's PD role: null, prefill or decode (docs/disaggregation.md; backends/sim/disagg.py)."
+    ),
+    disaggregation_bootstrap_port: int = typer.Option(
+        8998, help="A prefill twin's bootstrap server port (decode twins fetch a room's KV there)."
+    ),
 ) -> None:
     """Run a simulated SGLang server (replaced by :data:`HELP` below)."""
     from backends.sim.serve import serve
@@ -57,6 +63,8 @@ def sim_backend(
             answer_scale=scale,
             routes=routes,
             engine=engine,
+            disaggregation_mode=disaggregation_mode,
+            disaggregation_bootstrap_port=disaggregation_bootstrap_port,
         )
     except ValueError as exc:
         typer.echo(f"cachegate sim-backend: {exc}", err=True)
@@ -87,6 +95,12 @@ HELP = "\n\n".join(
         _paragraph(
             "Context: every profile serves Kimi's 262,144-token window (max_model_len); only a prompt (+",
             "max_tokens) past it is refused with 400. The KV pool is the profile's.",
+        ),
+        _paragraph(
+            "Disaggregated (--disaggregation-mode prefill|decode): SGLang's PD roles; a request without",
+            "bootstrap_room is refused (400); a prefill twin answers one token once a decode twin took the room",
+            "from its bootstrap port; a decode twin fetches the room, then generates. GET /_twin/disagg: pending",
+            "legs and the fields each request carried (docs/disaggregation.md).",
         ),
     )
 )

@@ -31,5 +31,5 @@ def serve(
     profile: str = "tiny", *, host: str = "127.0.0.1", port: int = 30000, log_level: str = "warning", **app_kwargs: Any
 ) -> None:
     """Serve one twin until interrupted. ``app_kwargs`` go to :func:`create_app`."""
-    app = create_app(profile, **app_kwargs)
+    app = create_app(profile, host=host, **app_kwargs)
     uvicorn.Server(uvicorn_config(app, host, port, log_level)).run()

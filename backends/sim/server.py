@@ -25,6 +25,7 @@ from backends.sim import routes_native as native
 from backends.sim import routes_openai as openai_routes
 from backends.sim import routes_responses as responses_routes
 from backends.sim import routes_vllm as vllm_routes
+from backends.sim.disagg import disagg_middleware
 from backends.sim.metrics_vllm import VllmMetrics
 from backends.sim.responses_api import Store
 from backends.sim.runtime import DEFAULT_MODEL, SGLANG_VERSION, ApiError, Twin, tp_size
@@ -99,6 +100,9 @@ def create_app(
     routes: str = "all",
     engine_factory: Callable[..., Any] | None = None,
     engine: str = "sglang",
+    disaggregation_mode: str = "null",
+    disaggregation_bootstrap_port: int = 8998,
+    host: str = "127.0.0.1",
 ) -> Starlette:
     """A Starlette app serving one simulated SGLang 0.5.23 server.
 
@@ -110,6 +114,8 @@ def create_app(
     ``startup_delay_s``: /health answers 503 that long. ``routes``: a key of :data:`ROUTE_SETS`.
     ``engine``: ``sglang`` (SGLang 0.5.23's routes and metrics) or ``vllm`` (vLLM 0.33.0's:
     :mod:`backends.sim.routes_vllm`); the engine model behind them is the same.
+    ``disaggregation_mode`` ``prefill`` or ``decode``: SGLang's PD roles (:mod:`backends.sim.disagg`;
+    a prefill twin's bootstrap server listens on ``host``:``disaggregation_bootstrap_port``).
     """
     if routes not in ROUTE_SETS:
         raise ValueError(f"unknown route set {routes!r}; choose one of: {', '.join(ROUTE_SETS)}")
@@ -168,6 +174,8 @@ def create_app(
     middleware = [Middleware(RecordRequests, twin=twin)]
     if engine == "vllm":
         middleware.append(Middleware(vllm_routes.VllmDialect))
+    if disaggregation_mode != "null":
+        middleware.append(disagg_middleware(disaggregation_mode, disaggregation_bootstrap_port, host, prof, time_scale))
     app = Starlette(routes=table, lifespan=lifespan, middleware=middleware)
     app.state.twin = twin
     app.state.responses_store = Store()
