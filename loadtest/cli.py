@@ -105,7 +105,8 @@ def simulate(
     from loadtest.report import print_table, write_report
     from loadtest.sim_driver import Faults, parse_unhealthy
     from loadtest.simulate import SimConfig, _load_config, build_core
-    from loadtest.workload import make_workload, parse_teams
+    from loadtest.workload import parse_teams
+    from loadtest.workload_spec import make_workload
 
     try:
         from backends.sim.engine import get_profile
@@ -212,7 +213,8 @@ def loadtest(
 
     from loadtest.client import LiveConfig, sweep
     from loadtest.report import print_table, write_report
-    from loadtest.workload import make_workload, parse_teams
+    from loadtest.workload import parse_teams
+    from loadtest.workload_spec import make_workload
 
     try:
         make_workload(workload)

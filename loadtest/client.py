@@ -22,7 +22,8 @@ import httpx
 import orjson
 
 from loadtest.metrics import RequestRecord, percentile, summarize, team_rows
-from loadtest.workload import CodingAgent, Segment, TeamSpec, TraceWorkload, Workload, make_workload, slot_teams
+from loadtest.workload import CodingAgent, Segment, TeamSpec, TraceWorkload, Workload, slot_teams
+from loadtest.workload_spec import make_workload
 
 
 @dataclass

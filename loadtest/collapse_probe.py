@@ -23,7 +23,7 @@ from typing import Any
 from backends.sim.engine import Engine, get_profile
 from loadtest.metrics import RequestRecord
 from loadtest.simulate import SimConfig, Simulator, build_core
-from loadtest.workload import make_workload
+from loadtest.workload_spec import make_workload
 
 
 class _TimedEngine(Engine):

@@ -31,7 +31,8 @@ from typing import Any
 
 from loadtest.metrics import percentile, ttft_samples
 from loadtest.simulate import SimConfig, Simulator, build_core, default_engine_factory
-from loadtest.workload import ASSISTANTS, PREFIX_TOKENS, make_workload
+from loadtest.workload import ASSISTANTS, PREFIX_TOKENS
+from loadtest.workload_spec import make_workload
 
 
 def measure(cfg: SimConfig, segment_s: float = 100.0, sample_s: float = 2.0) -> dict[str, Any]:

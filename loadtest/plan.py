@@ -137,7 +137,8 @@ def simulate(
     from loadtest.metrics import summarize, team_rows
     from loadtest.sim_live import validate_config
     from loadtest.simulate import SimConfig, Simulator, build_core, default_engine_factory
-    from loadtest.workload import TeamSpec, make_workload
+    from loadtest.workload import TeamSpec
+    from loadtest.workload_spec import make_workload
 
     cpu = time.process_time()
     cfg = SimConfig(

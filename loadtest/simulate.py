@@ -41,10 +41,10 @@ from loadtest.workload import (
     TraceWorkload,
     Workload,
     answer_segment,
-    make_workload,
     segment_blocks,
     slot_teams,
 )
+from loadtest.workload_spec import make_workload
 from policies.core import DecisionCore
 from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse
 

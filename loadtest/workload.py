@@ -320,32 +320,6 @@ class TraceWorkload:
 Workload = CodingAgent | TraceWorkload
 
 
-def make_workload(
-    spec: str,
-    *,
-    seed: int = 1,
-    scale: float = 1.0,
-    think_scale: float = 1.0,
-    speedup: float = 1.0,
-    warm_start: bool = False,
-) -> Workload:
-    """``coding-agent``, a member of ``loadtest.workloads.FAMILY`` or ``trace:PATH`` (``warm_start``: see
-    ``CodingAgent``)."""
-    if spec == "coding-agent":
-        return CodingAgent(seed=seed, scale=scale, think_scale=think_scale, warm_start=warm_start)
-    from loadtest.workloads import FAMILY  # the synthetic family (generated Mooncake-format traces)
-
-    if spec in FAMILY:
-        return FAMILY[spec].make(seed=seed, scale=scale, speedup=speedup)
-    if spec.startswith("trace:"):
-        path = Path(spec.removeprefix("trace:"))
-        if not path.is_file():
-            raise ValueError(f"trace file not found: {path}")
-        return TraceWorkload(path, speedup=speedup, scale=scale, seed=seed, name=spec)
-    known = ", ".join(["coding-agent", *FAMILY, "trace:PATH"])
-    raise ValueError(f"unknown workload '{spec}'; known: {known}")
-
-
 def segment_blocks(segment: Segment, block_tokens: int) -> list[Block]:
     chain = PromptChain(block_tokens)
     chain.extend(segment)

@@ -12,7 +12,8 @@ import pytest
 
 from backends.sim.engine import EngineCounters, EngineEvent, RankLoad
 from loadtest.simulate import SimConfig, Simulator, build_core, run_one
-from loadtest.workload import CodingAgent, make_workload, parse_teams
+from loadtest.workload import CodingAgent, parse_teams
+from loadtest.workload_spec import make_workload
 
 
 @dataclass

@@ -15,10 +15,10 @@ from loadtest.workload import (
     PromptChain,
     TeamSpec,
     TraceWorkload,
-    make_workload,
     parse_teams,
     segment_blocks,
 )
+from loadtest.workload_spec import make_workload
 from tests.harness import ROOT
 
 # The public trace ships beside the repository (shared/traces/), not in it.

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from loadtest import routing_family
-from loadtest.workload import TRACE_BLOCK_TOKENS, make_workload, parse_teams
+from loadtest.workload import TRACE_BLOCK_TOKENS, parse_teams
+from loadtest.workload_spec import make_workload
 from loadtest.workloads import FAMILY, chat
 from loadtest.workloads.__main__ import stats
 from loadtest.workloads.documents import DOCS
