@@ -55,6 +55,7 @@ class TeamConfig(_Strict):
     priority: int = _TEAM.priority
     tokens_per_minute: int | None = Field(_TEAM.tokens_per_minute, ge=0)
     max_request_tokens: int | None = Field(_TEAM.max_request_tokens, ge=1)
+    max_wait_s: float = Field(_TEAM.max_wait_s, gt=0)
 
     def limits(self) -> TeamLimits:
         return TeamLimits(**self.model_dump())

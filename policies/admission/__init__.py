@@ -85,12 +85,38 @@ router believes some rank holds ``lend_cached`` of its prompt, only there (a len
 recomputes its context, which under DP attention stalls every rank). It trades the median and p95 TTFT
 (every lent turn has waited) for much shorter waits for a seat: docs/benchmarks.md has the figures.
 
+Bounded waits
+-------------
+A team's ``max_wait_s`` (``policies/teams.py``, default 240 s) is a bound the core plans for, not a
+timeout that refuses. A waiter is **overdue** once it has waited ``max_wait_s − wait_lead_s`` (``wait_lead_s``
+30 s: left for the engine's queue and a recompute of its context before the first token). Then
+
+- it goes before every waiter that is not overdue (overdue ones oldest first), whatever the fair order;
+- it may take idle seats (held ``min_hold_s``) whatever the quantum: the patience before an idle seat
+  gives way is ``min(quantum, deadline)``; the oldest seat gives way first (a round robin of slices);
+- where only the running cap keeps a waiter out, it joins the engine's own queue on the rank the router
+  chooses (its prefix's) after ``cap_patience_s`` (20 s), no free running slot needed and no seat
+  evicted: nothing is lost but a place in a queue, so there is no reason to wait long for it;
+- past ``max_wait_s`` itself, with no idle seat to take, it goes to the router's slot past the seat
+  budget (reason ``overdue``): the engine's own behaviour, where bounded waits and protection cannot
+  both be had.
+
+Each rotation for the bound costs a recompute of the context that comes back. Out of ``N``
+conversations of which ``K`` fit the KV, keeping every wait under ``W`` takes about ``(N − K) / W``
+rotations a second, so the throughput lost is about ``(N − K) · R / W`` of the engine's time (``R``: one
+recompute). Where the cache holds the conversations (``N ≤ K``) the bound costs nothing; where it does
+not, the frontier between throughput and the bound is a table in docs/benchmarks.md ("Bounded waits").
+``snapshot`` shows each team's oldest waiter, the expected wait of a request arriving now (its team's
+queue times its mean dispatch interval, at most the bound) and the bound (``/admin/state``, and the
+``cachegate_oldest_wait_seconds``, ``cachegate_expected_wait_seconds`` and ``cachegate_wait_bound_seconds``
+gauges).
+
 Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900,
 ``rotate_on`` "waiter", ``rotate_by`` "lend", ``min_hold_s`` 20, ``idle_release_s`` 30,
 ``default_output`` 1024, ``output_clip`` 4096 (SGLang's own clip), ``input_weight`` 1 and ``output_weight`` 1 (tokens
 charged to a team's counter per token served), ``host_water`` 1.0, ``swap_overhead`` 0.01,
 ``running_overbook`` 1.2, ``full_idle_release_s`` 10, ``lend_free`` 0, ``lend_max`` 1,
-``lend_cached`` 0.5.
+``lend_cached`` 0.5, ``wait_lead_s`` 30, ``cap_patience_s`` 20; per team ``max_wait_s`` 240.
 Figures behind these choices: docs/benchmarks.md.
 
 Modules, one job each: ``params.py`` (``SeatParams``), ``records.py`` (seats, waiters, running

@@ -23,7 +23,8 @@ class SeatParams:
     ``rotate_by`` "lend", ``min_hold_s`` 20, ``idle_release_s`` 30, ``default_output`` 1024, ``output_clip`` 4096,
     ``input_weight`` 1, ``output_weight`` 1, ``host_water`` 1.0, ``swap_overhead`` 0.01,
     ``running_overbook`` 1.2, ``full_idle_release_s`` 10, ``lend_free`` 0 (off), ``lend_max`` 1,
-    ``lend_cached`` 0.5.
+    ``lend_cached`` 0.5, ``wait_lead_s`` 30, ``cap_patience_s`` 20. A waiter is overdue after its team's
+    ``max_wait_s − wait_lead_s``; where only the running cap keeps it out it waits ``cap_patience_s`` at most.
     """
 
     high_water: float = 0.95
@@ -55,3 +56,10 @@ class SeatParams:
     """Lent turns in flight per rank at most."""
     lend_cached: float = 0.5
     """A waiter of which some rank holds this share of the prompt (the router's belief) borrows only there."""
+    # The wait bound (the team's ``max_wait_s``): see "Bounded waits" in the package docstring.
+    wait_lead_s: float = 30.0
+    """A waiter is overdue ``wait_lead_s`` before its team's ``max_wait_s``: time left for the engine's
+    queue and a recompute of its context before its first token."""
+    cap_patience_s: float = 20.0
+    """Where only the running cap (not the KV) keeps a waiter out, it joins the engine's own queue on the
+    rank holding its prefix after this long: no cache is lost by that, only a place in a queue."""

@@ -1,0 +1,98 @@
+"""The wait bound (a team's ``max_wait_s``): admission plans for it. A waiter is overdue ``wait_lead_s``
+before it and then goes first, takes an idle seat whatever the quantum, and past the bound itself goes
+past the seat budget; where only the running cap keeps a waiter out it joins the engine's queue after
+``cap_patience_s``; ``snapshot`` shows each team's oldest and expected wait beside its bound."""
+
+from __future__ import annotations
+
+import itertools
+
+from policies.admission import SeatedAdmission, SeatParams
+from policies.routing import RoundRobin
+from policies.teams import TeamLimits
+from policies.types import BackendView, Dispatch, Outcome, RequestFacts
+
+_ids = itertools.count()
+DONE = Outcome(prompt_tokens=900, completion_tokens=100)
+BOUND = SeatParams(quantum_s=900.0, min_hold_s=10.0, idle_release_s=1000.0, wait_lead_s=20.0)
+"""Seats are kept while idle and a waiter takes one only at the quantum or when overdue (100 s here)."""
+LIMITS = TeamLimits(max_concurrency=100, max_queue=100, queue_timeout_s=10_000.0, max_wait_s=120.0)
+
+
+def turn(conv: str, team: str = "t", prompt: int = 900) -> RequestFacts:
+    return RequestFacts(
+        f"r{next(_ids)}", "m", team=team, prompt_tokens=prompt, max_output_tokens=100, conversation=conv
+    )
+
+
+def sent(decisions: list) -> list[Dispatch]:
+    return [d for d in decisions if isinstance(d, Dispatch)]
+
+
+def kv_full(params: SeatParams, busy: bool = False, idle: tuple[str, ...] = ("c0", "c1")) -> SeatedAdmission:
+    """A 2400-token KV with two 1000-token seats (c0, c1), those in ``idle`` between turns unless ``busy``."""
+    c = SeatedAdmission(RoundRobin(), default_team=LIMITS, params=params)
+    c.set_backends("m", [BackendView("b0", kv_tokens=2400)], 0.0)
+    rids = {}
+    for conv in ("c0", "c1"):
+        r = turn(conv)
+        assert len(sent(c.arrive(r, 0.0))) == 1
+        rids[conv] = r.rid
+        if not busy and conv in idle:
+            c.finish(r.rid, DONE, 1.0)
+    return c
+
+
+def test_an_overdue_waiter_takes_an_idle_seat_before_the_quantum() -> None:
+    c = kv_full(BOUND)
+    c2 = turn("c2")
+    assert sent(c.arrive(c2, 2.0)) == []
+    assert sent(c.tick(2.0 + 99.0)) == []  # 99 s < 120 - 20: not overdue yet, the quantum is 900 s
+    placed = sent(c.tick(2.0 + 100.0))
+    assert [d.rid for d in placed] == [c2.rid]
+    assert "c2" in c.seats and "c0" not in c.seats  # the oldest idle seat gave way
+
+
+def test_overdue_waiters_go_first_oldest_first_before_fair_order() -> None:
+    c = kv_full(BOUND, idle=("c0",))  # one idle seat for two waiters
+    old = turn("c2", team="heavy")
+    assert sent(c.arrive(old, 2.0)) == []
+    young = turn("c3", team="light")
+    assert sent(c.arrive(young, 50.0)) == []
+    c.team("heavy", 50.0).charge(1e9)  # served far more: fair order alone would seat "light" first
+    placed = sent(c.tick(160.0))  # both overdue (158 s and 110 s of 100 s)
+    assert [d.rid for d in placed] == [old.rid]
+
+
+def test_past_the_bound_with_no_idle_seat_a_waiter_goes_past_the_budget() -> None:
+    c = kv_full(BOUND, busy=True)
+    c2 = turn("c2")
+    assert sent(c.arrive(c2, 0.0)) == []
+    assert sent(c.tick(119.0)) == []  # overdue, but every seat is busy: nothing can be made room for yet
+    placed = sent(c.tick(120.0))  # at the bound: the engine's own behaviour
+    assert [(d.rid, d.reason) for d in placed] == [(c2.rid, "overdue")]
+
+
+def test_where_only_the_running_cap_keeps_it_out_a_waiter_joins_the_engine_queue_after_the_patience() -> None:
+    c = SeatedAdmission(RoundRobin(), default_team=LIMITS, params=SeatParams(running_overbook=1.0, cap_patience_s=20.0))
+    c.set_backends("m", [BackendView("b0", kv_tokens=10**9, max_running_requests=2)], 0.0)
+    for conv in ("c0", "c1"):
+        assert len(sent(c.arrive(turn(conv), 0.0))) == 1  # both running, both seated
+    c2 = turn("c2")
+    assert sent(c.arrive(c2, 0.0)) == []
+    assert sent(c.tick(19.0)) == []
+    lent = sent(c.tick(20.0))  # no running slot is free: it queues in the engine, no seat is evicted
+    assert [(d.rid, d.reason) for d in lent] == [(c2.rid, "lent")]
+    assert {"c0", "c1"} <= set(c.seats)
+
+
+def test_snapshot_shows_each_teams_oldest_and_expected_wait_and_bound() -> None:
+    c = kv_full(BOUND, busy=True)
+    c.arrive(turn("c2"), 10.0)
+    c.arrive(turn("c3"), 30.0)
+    c.tick(70.0)
+    team = c.snapshot()["teams"]["t"]  # type: ignore[index]
+    assert team["oldest_wait_s"] == 60.0
+    assert team["max_wait_s"] == 120.0
+    assert 0.0 < team["expected_wait_s"] <= 120.0
+    assert team["waiting"] == 2
