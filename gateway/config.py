@@ -111,6 +111,9 @@ AdmissionSection = section_model(
         "output_clip": {"ge": 1},
         "rotate_on": {"pattern": "^(waiter|seat)$"},
         "rotate_by": {"pattern": "^(lend|evict)$"},
+        "kv_overbook": {"ge": 0.5, "le": 2},
+        "wait_lead_s": {"ge": 0},
+        "cap_patience_s": {"ge": 0},
     },
 )
 """``admission:``: ``policies/admission.py::SeatParams`` (the ``gateway`` stack's seats)."""

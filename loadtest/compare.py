@@ -8,7 +8,8 @@ and ``sglang-cache-aware`` and checks the acceptance lines of issue #32 (``lines
 
 * every figure: tokens/min ≥ 0.98 × best; p50 and p95 ≤ 1.05 × best + 0.05 s; longest ≤ 1.1 × best + 5 s;
 * on ``b300-tp8-fp8`` and ``b300-tp8-bf16`` those four only where ``direct`` keeps ≥ 80 % of its own peak
-  tokens/min (over the levels run, per seed); elsewhere on ``b300-tp8-fp8`` tokens/min ≥ 2 × direct's,
+  tokens/min (over the levels run, per seed; a level below the peak's is demand-bound, not collapsed, and
+  counts as keeping it: nobody serves 2 × the demand); elsewhere on ``b300-tp8-fp8`` tokens/min ≥ 2 × direct's,
   p95 ≤ direct's, longest ≤ 300 s; on ``b300-tp8-bf16`` at 48 (64) tokens/min ≥ 2.5 × (2 ×) direct's and
   longest ≤ 300 s, and no line at its other overloaded levels.
 """
@@ -77,11 +78,13 @@ def four_lines(rows: dict[str, dict]) -> list[Check]:
     ]
 
 
-def lines(profile: str, cell: Cell, direct_peak: float) -> list[Check]:
-    """The acceptance checks of ``cell`` (``direct_peak``: direct's peak tokens/min over the seed's levels)."""
+def lines(profile: str, cell: Cell, direct_peak: float, peak_level: int) -> list[Check]:
+    """The acceptance checks of ``cell`` (``direct_peak``: direct's peak tokens/min over the seed's levels,
+    reached at ``peak_level`` conversations)."""
     rows = cell.rows
     direct = rows["direct"]
-    if profile not in OVERLOAD_PROFILES or direct["total_tpm"] >= PEAK_SHARE * direct_peak:
+    keeps = cell.level <= peak_level or direct["total_tpm"] >= PEAK_SHARE * direct_peak
+    if profile not in OVERLOAD_PROFILES or keeps:
         return four_lines(rows)
     g = rows["gateway"]
     if profile == "b300-tp8-fp8":
@@ -102,7 +105,7 @@ def lines(profile: str, cell: Cell, direct_peak: float) -> list[Check]:
 def _one(args: tuple) -> tuple[str, int, int, dict]:
     from loadtest.simulate import SimConfig, run_one
 
-    profile, level, seed, stack, backends, minutes, warmup, config = args
+    profile, level, seed, stack, backends, minutes, warmup, config, scale = args
     ceiling = stack == "ceiling"
     cfg = SimConfig(
         profile=profile,
@@ -114,6 +117,7 @@ def _one(args: tuple) -> tuple[str, int, int, dict]:
         warmup_minutes=warmup,
         unbounded=ceiling,
         config=config if stack == "gateway" else None,
+        scale=scale,
     )
     return stack, level, seed, run_one(cfg)
 
@@ -128,12 +132,13 @@ def run_compare(
     warmup: float = 5.0,
     config: Path | None = None,
     jobs: int = 0,
+    scale: float = 1.0,
     log: Callable[[str], None] = lambda _m: None,
 ) -> list[Cell]:
     """Every stack at every (level, seed), and the acceptance checks of each cell."""
     levels, seeds = list(levels), list(seeds)
     work = [
-        (profile, lvl, seed, stack, backends, minutes, warmup, config)
+        (profile, lvl, seed, stack, backends, minutes, warmup, config, scale)
         for lvl, seed, stack in itertools.product(levels, seeds, STACKS)
     ]
     workers = jobs or os.cpu_count() or 1
@@ -145,13 +150,24 @@ def run_compare(
     cells = {(lvl, seed): Cell(lvl, seed) for lvl in levels for seed in seeds}
     for stack, lvl, seed, row in results:
         cells[(lvl, seed)].rows[stack] = row
-    for seed in seeds:
-        peak = max(cells[(lvl, seed)].rows["direct"]["total_tpm"] for lvl in levels)
-        for lvl in levels:
-            cell = cells[(lvl, seed)]
-            cell.checks = lines(profile, cell, peak)
     log(f"{len(work)} runs")
-    return [cells[(lvl, seed)] for seed in seeds for lvl in levels]
+    return judge(profile, [cells[(lvl, seed)] for seed in seeds for lvl in levels])
+
+
+def judge(profile: str, cells: list[Cell]) -> list[Cell]:
+    """Set each cell's checks (every stack's row filled in); the cells, for chaining."""
+    for seed in sorted({c.seed for c in cells}):
+        mine = [c for c in cells if c.seed == seed]
+        top = max(mine, key=lambda c: c.rows["direct"]["total_tpm"])
+        for cell in mine:
+            cell.checks = lines(profile, cell, top.rows["direct"]["total_tpm"], top.level)
+    return cells
+
+
+def from_json(doc: dict) -> list[Cell]:
+    """The cells of ``as_json``'s document, judged again (by the lines as they are now)."""
+    cells = [Cell(c["conversations"], c["seed"], rows=c["rows"]) for c in doc["cells"]]
+    return judge(doc["profile"], cells)
 
 
 def summary(cells: list[Cell]) -> tuple[int, int, list[str]]:

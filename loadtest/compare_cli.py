@@ -61,6 +61,7 @@ def compare(
     config: Path | None = typer.Option(None, help="A serve config file for the gateway stack (teams, admission)."),
     json_path: Path | None = typer.Option(None, "--json", help="Also write the cells and checks here."),
     jobs: int = typer.Option(0, help="Runs in parallel (0: one per CPU core)."),
+    scale: float = typer.Option(1.0, hidden=True, help="Workload token scale (tests)."),
 ) -> None:
     """Gateway beside direct, sglang-cache-aware and the unbounded-cache ceiling, with issue #32's checks."""
     from loadtest.cli import _fail, _levels
@@ -69,7 +70,7 @@ def compare(
         raise _fail(f"unknown profile '{profile}'; known: {', '.join(PROFILES)}")
     if not 0 <= warmup_minutes < minutes:
         raise _fail("--warmup-minutes must be shorter than --minutes")
-    console = Console()
+    console = Console(width=150)  # the table's nine columns; narrower terminals wrap lines, not cells
     cells = run_compare(
         profile,
         _levels(conversations),
@@ -79,6 +80,7 @@ def compare(
         warmup=warmup_minutes,
         config=config,
         jobs=jobs,
+        scale=scale,
     )
     print_cells(profile, backends, cells, console)
     if json_path is not None:

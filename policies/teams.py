@@ -26,7 +26,7 @@ class TeamLimits:
     """Optional token budget (prompt + expected output), refilled continuously (``team_token_rate``)."""
     max_request_tokens: int | None = None
     """Optional ceiling on one request's prompt + max_tokens; past it: 400 ``team_request_tokens``."""
-    max_wait_s: float = 240.0
+    max_wait_s: float = 300.0
     """The wait bound admission plans for (not a timeout that refuses): a waiting request is dispatched
     before it has waited this long, at a throughput cost if need be (``policies/admission``). 240 s: a
     turn's first token then comes within Codex CLI's ~300 s stream idle timeout (and well within Claude

@@ -342,8 +342,9 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                     used + grow > self._budget(cap, growth=True)
                     and not self._make_room(w, now, slot, grow)
                     and used + grow > (cap * self.share if cap else float("inf"))
+                    and now - w.arrived < self._patience(w, slot, grow)
                 ):
-                    continue  # keeps its seat; goes when an idle seat there can be released
+                    continue  # keeps its seat; goes when an idle seat there is released, or at its patience
             self._take(w)
             scores = {"seated": 1.0}
             matched = self.router.matched_tokens(req, slot[0], slot[1])
@@ -385,10 +386,6 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             self._take(w)
             decisions.append(self._dispatch(w, place.slot, now, place.reason, place.scores, place.matched_tokens, lent))
             order = self._order_now(order, now)  # its team's counter moved
-
-    def _take(self, w: Waiter) -> None:
-        del self.waiting[w.req.rid]
-        self.teams[w.req.team].waiting -= 1
 
     def _make_room(self, w: Waiter, now: float, slot: Slot | None = None, extra: int | None = None) -> bool:
         """Release idle seats so that ``w`` fits (``FairOrder._victims``); False if none may go."""

@@ -37,6 +37,11 @@ class FairOrder(SeatSizing):
     def _order(self, waiters: list[Waiter]) -> list[Waiter]:
         return sorted(waiters, key=self._rank) if len(waiters) > 1 else waiters
 
+    def _take(self, w: Waiter) -> None:
+        """``w`` leaves the waiting room (it is dispatched)."""
+        del self.waiting[w.req.rid]
+        self.teams[w.req.team].waiting -= 1
+
     def _deadline(self, w: Waiter) -> float:
         """How long ``w`` may wait before it is overdue: its team's ``max_wait_s`` less ``wait_lead_s``."""
         return max(0.0, self.teams[w.req.team].limits.max_wait_s - self.params.wait_lead_s)

@@ -27,8 +27,8 @@ class SeatParams:
     ``max_wait_s − wait_lead_s``; where only the running cap keeps it out it waits ``cap_patience_s`` at most.
     """
 
-    high_water: float = 0.95
-    admit_water: float = 0.85
+    high_water: float = 1.0
+    admit_water: float = 1.0
     quantum_s: float = 900.0
     min_hold_s: float = 20.0
     rotate_on: str = "waiter"
@@ -60,6 +60,7 @@ class SeatParams:
     wait_lead_s: float = 30.0
     """A waiter is overdue ``wait_lead_s`` before its team's ``max_wait_s``: time left for the engine's
     queue and a recompute of its context before its first token."""
+    kv_overbook: float = 1.1
     cap_patience_s: float = 20.0
     """Where only the running cap (not the KV) keeps a waiter out, it joins the engine's own queue on the
     rank holding its prefix after this long: no cache is lost by that, only a place in a queue."""

@@ -107,9 +107,10 @@ class SeatSizing:
         """Seat budget base of one rank: its GPU pool plus ``host_water`` of a host tier it reloads from."""
         if not view.kv_tokens:
             return 0
+        gpu = view.kv_tokens * self.params.kv_overbook
         if view.host_tokens and view.reload_tokens_per_s > 0:
-            return int(view.kv_tokens + self.params.host_water * view.host_tokens)
-        return view.kv_tokens
+            return int(gpu + self.params.host_water * view.host_tokens)
+        return int(gpu)
 
     def _quantum(self, slot: Slot, tokens: int) -> float:
         """How long a waiter waits before it may take an idle seat on ``slot``: the seat's swap cost
