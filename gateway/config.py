@@ -114,6 +114,7 @@ AdmissionSection = section_model(
         "kv_overbook": {"ge": 0.5, "le": 2},
         "wait_lead_s": {"ge": 0},
         "cap_patience_s": {"ge": 0},
+        "cap_queue_s": {"ge": 0},
     },
 )
 """``admission:``: ``policies/admission.py::SeatParams`` (the ``gateway`` stack's seats)."""

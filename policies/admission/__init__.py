@@ -8,14 +8,15 @@ Seats
 A conversation admitted to a backend (a DP rank of it) holds a **seat** there. The seat reserves
 the conversation's KV: ``need = prompt_tokens + min(max_output_tokens or default_output, output_clip)``,
 kept through the think pause between turns, so the conversation's next turn goes straight through
-and finds its prefix still cached. A backend (rank) with capacity ``C`` (``max_total_num_tokens``)
+and finds its prefix still cached. A backend (rank) with capacity ``C = kv_overbook · max_total_num_tokens``
 grants a new seat only while ``Σ seats + need ≤ admit_water · C``. Seated conversations grow turn
-by turn into the gap up to ``high_water · C``; a turn that would pass it first releases idle seats
+by turn up to ``high_water · C``; a turn that would pass it first releases idle seats
 there (held at least ``min_hold_s``); if none may go it still goes while the pool is not full, and
-waits otherwise. The gap between the two marks is
-what lets conversations grow without a swap on every turn: most seats end with their conversation.
-So the running conversations' working set never outgrows the engine's cache, and the excess waits
-at the gateway instead of thrashing the engine.
+waits otherwise (at most its patience). ``kv_overbook`` 1.1 and both marks at 1.0: the engine's own LRU
+absorbs an overflow of a tenth of its pool at a small recompute (``direct`` serves 32 conversations on
+fp8 within 5 s with contexts just past its pool, where seats at 0.85 of it made turns wait 7 minutes),
+while a working set well past the pool thrashes it; the excess beyond that waits at the gateway
+instead of thrashing the engine, within the bound below.
 
 A seat is given up when
 - its conversation has been idle ``idle_release_s`` (it ended, or its user went away);
@@ -87,16 +88,17 @@ recomputes its context, which under DP attention stalls every rank). It trades t
 
 Bounded waits
 -------------
-A team's ``max_wait_s`` (``policies/teams.py``, default 240 s) is a bound the core plans for, not a
+A team's ``max_wait_s`` (``policies/teams.py``, default 300 s) is a bound the core plans for, not a
 timeout that refuses. A waiter is **overdue** once it has waited ``max_wait_s − wait_lead_s`` (``wait_lead_s``
 30 s: left for the engine's queue and a recompute of its context before the first token). Then
 
 - it goes before every waiter that is not overdue (overdue ones oldest first), whatever the fair order;
 - it may take idle seats (held ``min_hold_s``) whatever the quantum: the patience before an idle seat
   gives way is ``min(quantum, deadline)``; the oldest seat gives way first (a round robin of slices);
-- where only the running cap keeps a waiter out, it joins the engine's own queue on the rank the router
-  chooses (its prefix's) after ``cap_patience_s`` (20 s), no free running slot needed and no seat
-  evicted: nothing is lost but a place in a queue, so there is no reason to wait long for it;
+- where only the running cap keeps a waiter out (the KV has room), it does not wait for the bound at
+  all: after ``cap_patience_s`` (15 s) it takes a free running slot on the rank the router chooses (its
+  prefix's) even where a seated turn would take it, and after ``cap_queue_s`` (30 s) it joins the engine's
+  own queue there, no free slot needed and no seat evicted: nothing is lost but a place in a queue;
 - past ``max_wait_s`` itself, with no idle seat to take, it goes to the router's slot past the seat
   budget (reason ``overdue``): the engine's own behaviour, where bounded waits and protection cannot
   both be had.
@@ -111,12 +113,13 @@ queue times its mean dispatch interval, at most the bound) and the bound (``/adm
 ``cachegate_oldest_wait_seconds``, ``cachegate_expected_wait_seconds`` and ``cachegate_wait_bound_seconds``
 gauges).
 
-Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900,
+Parameters and defaults: ``admit_water`` 1.0, ``high_water`` 1.0, ``quantum_s`` 900,
 ``rotate_on`` "waiter", ``rotate_by`` "lend", ``min_hold_s`` 20, ``idle_release_s`` 30,
 ``default_output`` 1024, ``output_clip`` 4096 (SGLang's own clip), ``input_weight`` 1 and ``output_weight`` 1 (tokens
 charged to a team's counter per token served), ``host_water`` 1.0, ``swap_overhead`` 0.01,
 ``running_overbook`` 1.2, ``full_idle_release_s`` 10, ``lend_free`` 0, ``lend_max`` 1,
-``lend_cached`` 0.5, ``wait_lead_s`` 30, ``cap_patience_s`` 20; per team ``max_wait_s`` 240.
+``lend_cached`` 0.5, ``wait_lead_s`` 30, ``cap_patience_s`` 15, ``cap_queue_s`` 30, ``kv_overbook`` 1.1;
+per team ``max_wait_s`` 300.
 Figures behind these choices: docs/benchmarks.md.
 
 Modules, one job each: ``params.py`` (``SeatParams``), ``records.py`` (seats, waiters, running

@@ -98,13 +98,17 @@ class FairOrder(SeatSizing):
         for slot, _ in slots:
             # rotate_by "lend": a waiter that has waited the quantum takes any free running slot where the
             # running cap (the seat limit) is what keeps it out
-            # past cap_patience_s it joins the engine's queue there (no free slot needed: nothing is evicted)
+            # past cap_patience_s it takes a free running slot, past cap_queue_s it joins the engine's queue
+            # there (no free slot needed: nothing is evicted)
+            # (both at most the quantum / the deadline)
+            waited = now - w.arrived
+            patience = self._patience(w, slot, w.need)
             if (
                 rotating
-                and now - w.arrived >= min(p.cap_patience_s, self._patience(w, slot, w.need))
+                and waited >= min(p.cap_patience_s, patience)
                 and self._seats_on(slot) >= self._seat_limit(slot)
             ):
-                free[slot] = 0
+                free[slot] = 0 if waited >= min(p.cap_queue_s, self._deadline(w)) else 1
             elif p.lend_free > 0:
                 free[slot] = p.lend_free
         if not free:

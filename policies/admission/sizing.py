@@ -1,7 +1,7 @@
 """Seat sizing: what a seat needs, and each slot's seat budget counting every tier.
 
-A slot's budget is ``water · C · share`` with ``C = C_gpu + host_water · C_host`` when the backend
-reloads from a host tier (else ``C_gpu``; 0: unknown, unbounded), and at most
+A slot's budget is ``water · C · share`` with ``C = kv_overbook · C_gpu + host_water · C_host`` when the
+backend reloads from a host tier (else ``kv_overbook · C_gpu``; 0: unknown, unbounded), and at most
 ``ceil(running_overbook · max_running_requests · share)`` seats. A waiter may take an idle seat
 after ``clip(tokens / reload_tokens_per_s / swap_overhead, min_hold_s, quantum_s)`` with a host
 tier, else ``quantum_s``. Parameters and defaults: ``SeatParams``.

@@ -1,7 +1,7 @@
 """The wait bound (a team's ``max_wait_s``): admission plans for it. A waiter is overdue ``wait_lead_s``
 before it and then goes first, takes an idle seat whatever the quantum, and past the bound itself goes
-past the seat budget; where only the running cap keeps a waiter out it joins the engine's queue after
-``cap_patience_s``; ``snapshot`` shows each team's oldest and expected wait beside its bound."""
+past the seat budget; where only the running cap keeps a waiter out it takes a free running slot after
+``cap_patience_s`` and joins the engine's queue after ``cap_queue_s``; ``snapshot`` shows each team's oldest and expected wait beside its bound."""
 
 from __future__ import annotations
 
@@ -73,17 +73,37 @@ def test_past_the_bound_with_no_idle_seat_a_waiter_goes_past_the_budget() -> Non
     assert [(d.rid, d.reason) for d in placed] == [(c2.rid, "overdue")]
 
 
-def test_where_only_the_running_cap_keeps_it_out_a_waiter_joins_the_engine_queue_after_the_patience() -> None:
-    c = SeatedAdmission(RoundRobin(), default_team=LIMITS, params=SeatParams(running_overbook=1.0, cap_patience_s=20.0))
+def full_cap() -> tuple[SeatedAdmission, dict[str, str]]:
+    """One rank running at most 2, with 2 seats (c0, c1) both running; plenty of KV."""
+    params = SeatParams(running_overbook=1.0, cap_patience_s=20.0, cap_queue_s=40.0)
+    c = SeatedAdmission(RoundRobin(), default_team=LIMITS, params=params)
     c.set_backends("m", [BackendView("b0", kv_tokens=10**9, max_running_requests=2)], 0.0)
+    rids = {}
     for conv in ("c0", "c1"):
-        assert len(sent(c.arrive(turn(conv), 0.0))) == 1  # both running, both seated
+        r = turn(conv)
+        assert len(sent(c.arrive(r, 0.0))) == 1  # both running, both seated
+        rids[conv] = r.rid
+    return c, rids
+
+
+def test_where_only_the_running_cap_keeps_it_out_a_waiter_joins_the_engine_queue_after_cap_queue_s() -> None:
+    c, _ = full_cap()
     c2 = turn("c2")
     assert sent(c.arrive(c2, 0.0)) == []
-    assert sent(c.tick(19.0)) == []
-    lent = sent(c.tick(20.0))  # no running slot is free: it queues in the engine, no seat is evicted
+    assert sent(c.tick(39.0)) == []  # past cap_patience_s, but no running slot is free
+    lent = sent(c.tick(40.0))  # it queues in the engine: no free slot needed, no seat evicted
     assert [(d.rid, d.reason) for d in lent] == [(c2.rid, "lent")]
     assert {"c0", "c1"} <= set(c.seats)
+
+
+def test_past_cap_patience_a_waiter_takes_a_free_running_slot() -> None:
+    c, rids = full_cap()
+    c2 = turn("c2")
+    assert sent(c.arrive(c2, 0.0)) == []
+    assert sent(c.finish(rids["c0"], DONE, 10.0)) == []  # a free slot, but c2 has waited 10 s of 20
+    lent = sent(c.tick(20.0))
+    assert [(d.rid, d.reason) for d in lent] == [(c2.rid, "lent")]
+    assert {"c0", "c1"} <= set(c.seats)  # c0 keeps its seat (and its cache) while it thinks
 
 
 def test_snapshot_shows_each_teams_oldest_and_expected_wait_and_bound() -> None:
