@@ -8,15 +8,19 @@ Seats
 A conversation admitted to a backend (a DP rank of it) holds a **seat** there. The seat reserves
 the conversation's KV: ``need = prompt_tokens + min(max_output_tokens or default_output, output_clip)``,
 kept through the think pause between turns, so the conversation's next turn goes straight through
-and finds its prefix still cached. A backend (rank) with capacity ``C = kv_overbook · max_total_num_tokens``
+and finds its prefix still cached. A backend (rank) with capacity ``C`` (``max_total_num_tokens``)
 grants a new seat only while ``Σ seats + need ≤ admit_water · C``. Seated conversations grow turn
-by turn up to ``high_water · C``; a turn that would pass it first releases idle seats
+by turn into the gap up to ``high_water · C``; a turn that would pass it first releases idle seats
 there (held at least ``min_hold_s``); if none may go it still goes while the pool is not full, and
-waits otherwise (at most its patience). ``kv_overbook`` 1.1 and both marks at 1.0: the engine's own LRU
-absorbs an overflow of a tenth of its pool at a small recompute (``direct`` serves 32 conversations on
-fp8 within 5 s with contexts just past its pool, where seats at 0.85 of it made turns wait 7 minutes),
-while a working set well past the pool thrashes it; the excess beyond that waits at the gateway
-instead of thrashing the engine, within the bound below.
+waits otherwise (at most its patience). The gap between the two marks is what lets conversations grow
+without a swap on every turn: most seats end with their conversation.
+
+Seats only where the KV truly binds: while the whole demand (the last size of every conversation
+running, or seen within ``full_idle_release_s``: waiting or thinking) fits ``kv_overbook · C`` (1.1),
+both marks are ``kv_overbook · C``: nobody waits for a seat, the engine's own LRU absorbs an overflow
+that small at a small recompute (``direct`` serves 32 conversations on fp8 within 5 s with contexts
+just past its pool, where seats at 0.85 of it made turns wait 7 minutes). Past it, the marks protect
+the pool, and the excess waits at the gateway instead of thrashing the engine, within the bound below.
 
 A seat is given up when
 - its conversation has been idle ``idle_release_s`` (it ended, or its user went away);
@@ -90,7 +94,8 @@ Bounded waits
 -------------
 A team's ``max_wait_s`` (``policies/teams.py``, default 300 s) is a bound the core plans for, not a
 timeout that refuses. A waiter is **overdue** once it has waited ``max_wait_s − wait_lead_s`` (``wait_lead_s``
-30 s: left for the engine's queue and a recompute of its context before the first token). Then
+42 s: left for the engine's queue and a recompute of its context before the first token, the
+longest measured on bf16 at 48-64 conversations). Then
 
 - it goes before every waiter that is not overdue (overdue ones oldest first), whatever the fair order;
 - it may take idle seats (held ``min_hold_s``) whatever the quantum: the patience before an idle seat
@@ -113,12 +118,12 @@ queue times its mean dispatch interval, at most the bound) and the bound (``/adm
 ``cachegate_oldest_wait_seconds``, ``cachegate_expected_wait_seconds`` and ``cachegate_wait_bound_seconds``
 gauges).
 
-Parameters and defaults: ``admit_water`` 1.0, ``high_water`` 1.0, ``quantum_s`` 900,
+Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 1.0, ``quantum_s`` 900,
 ``rotate_on`` "waiter", ``rotate_by`` "lend", ``min_hold_s`` 20, ``idle_release_s`` 30,
 ``default_output`` 1024, ``output_clip`` 4096 (SGLang's own clip), ``input_weight`` 1 and ``output_weight`` 1 (tokens
 charged to a team's counter per token served), ``host_water`` 1.0, ``swap_overhead`` 0.01,
 ``running_overbook`` 1.2, ``full_idle_release_s`` 10, ``lend_free`` 0, ``lend_max`` 1,
-``lend_cached`` 0.5, ``wait_lead_s`` 30, ``cap_patience_s`` 15, ``cap_queue_s`` 30, ``kv_overbook`` 1.1;
+``lend_cached`` 0.5, ``wait_lead_s`` 42, ``cap_patience_s`` 15, ``cap_queue_s`` 30, ``kv_overbook`` 1.1;
 per team ``max_wait_s`` 300.
 Figures behind these choices: docs/benchmarks.md.
 

@@ -31,14 +31,10 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
     after ``idle_release_s`` (``full_idle_release_s`` on a full rank with waiters), or to a waiter
     after the quantum (``quantum_s``; swap cost / ``swap_overhead`` with a host tier); where only the running
     cap keeps a waiter out, it borrows a free running slot for one turn at the quantum instead (``rotate_by``).
-    Bounded waits: overdue (``max_wait_s − wait_lead_s``), a waiter goes first and takes idle seats, past
-    ``max_wait_s`` it goes past the budget; the running cap alone holds it ``cap_patience_s``.
+    Bounded waits: overdue (``max_wait_s − wait_lead_s``) a waiter goes first and takes idle seats; past
+    ``max_wait_s`` it goes past the budget; the running cap alone holds it ``cap_patience_s`` / ``cap_queue_s``.
 
-    Parameters (``SeatParams``) and defaults: ``admit_water`` 0.85, ``high_water`` 0.95,
-    ``quantum_s`` 900, ``rotate_on`` "waiter", ``rotate_by`` "lend", ``min_hold_s`` 20, ``idle_release_s`` 30,
-    ``default_output`` 1024, ``output_clip`` 4096, ``input_weight`` 1, ``output_weight`` 1,
-    ``host_water`` 1.0, ``swap_overhead`` 0.01, ``running_overbook`` 1.2, ``full_idle_release_s`` 10,
-    ``lend_free`` 0 (lending off), ``lend_max`` 1, ``lend_cached`` 0.5, ``wait_lead_s`` 30, ``cap_patience_s`` 20.
+    Parameters and defaults: ``SeatParams`` (``policies/admission/params.py``), every one listed there.
     Team limits (``TeamLimits``) come from ``teams`` (``default_team`` for those not listed).
     """
 
@@ -72,6 +68,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         self.share = 1.0
         self.split_concurrency = False
         self._clock = 0.0
+        self._recent: dict[str, tuple[int, float]] = {}
         self._idle_floor = -math.inf
         """At most the ``last_active`` of every idle, unqueued seat since ``tick``'s last scan (seats only become
         idle with ``last_active = now``, except where this is reset): a tick skips the scan while under it."""
@@ -150,6 +147,9 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             if active:
                 team.vtc = max(team.vtc, min(active))
         self.waiting[req.rid] = Waiter(req, key, need, now, next(self._seq), one_shot)
+        if key not in self._recent:
+            self._kv_at = -math.inf  # a conversation not counted yet: count the demand again
+        self._recent[key] = (need, now)
         team.waiting += 1
         return self._schedule(now)
 
@@ -176,6 +176,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             seat.last_active = now
             if outcome.prompt_tokens and outcome.completion_tokens:
                 seat.tokens = self._reserve(seat, outcome.prompt_tokens + outcome.completion_tokens)
+                self._recent[w.key] = (seat.tokens, now)
             if seat.one_shot or ((not outcome.reached_backend or outcome.refused) and seat.busy == 0):
                 self._release(seat)
         self.router.finished(rid, run.slot[0], outcome, now)
@@ -324,6 +325,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         decisions: list[Decision] = []
         if not self.waiting:
             return decisions
+        self._set_kv_factor(now)
         # 1. Turns of seated conversations: they take no new capacity.
         waiters = list(self.waiting.values())
         for w in self._order(waiters) if len(waiters) > 1 else waiters:
@@ -341,7 +343,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                 if (
                     used + grow > self._budget(cap, growth=True)
                     and not self._make_room(w, now, slot, grow)
-                    and used + grow > (cap * self.share if cap else float("inf"))
+                    and used + grow > (cap * self.share * self._kv_factor if cap else float("inf"))
                     and now - w.arrived < self._patience(w, slot, grow)
                 ):
                     continue  # keeps its seat; goes when an idle seat there is released, or at its patience

@@ -1,7 +1,9 @@
 """The wait bound (a team's ``max_wait_s``): admission plans for it. A waiter is overdue ``wait_lead_s``
 before it and then goes first, takes an idle seat whatever the quantum, and past the bound itself goes
 past the seat budget; where only the running cap keeps a waiter out it takes a free running slot after
-``cap_patience_s`` and joins the engine's queue after ``cap_queue_s``; ``snapshot`` shows each team's oldest and expected wait beside its bound."""
+``cap_patience_s`` and joins the engine's queue after ``cap_queue_s``; while the whole demand fits
+``kv_overbook`` times the pool nobody waits for a seat; ``snapshot`` shows each team's oldest and expected
+wait beside its bound."""
 
 from __future__ import annotations
 
@@ -116,3 +118,19 @@ def test_snapshot_shows_each_teams_oldest_and_expected_wait_and_bound() -> None:
     assert team["max_wait_s"] == 120.0
     assert 0.0 < team["expected_wait_s"] <= 120.0
     assert team["waiting"] == 2
+
+
+def test_while_the_whole_demand_fits_kv_overbook_nobody_waits_for_a_seat() -> None:
+    def two_seated() -> SeatedAdmission:  # 8000 of a 10000-token pool seated (0.85 of it: 8500)
+        c = SeatedAdmission(RoundRobin(), default_team=LIMITS, params=SeatParams(idle_release_s=1000.0))
+        c.set_backends("m", [BackendView("b0", kv_tokens=10_000)], 0.0)
+        for conv in ("c0", "c1"):
+            r = turn(conv, prompt=3900)
+            assert len(sent(c.arrive(r, 0.0))) == 1
+            c.finish(r.rid, Outcome(prompt_tokens=3900, completion_tokens=100), 1.0)
+        return c
+
+    c = two_seated()
+    assert len(sent(c.arrive(turn("c2", prompt=1900), 2.0))) == 1  # 10000 in all <= 1.1 x 10000: at once
+    c = two_seated()
+    assert sent(c.arrive(turn("c2", prompt=3900), 2.0)) == []  # 12000 > 11000: the marks protect the pool

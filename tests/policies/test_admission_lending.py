@@ -63,7 +63,14 @@ def full_rank(rotate_by: str) -> tuple[SeatedAdmission, dict[str, str]]:
     """As ``two_seats`` with lending off and a 100 s quantum rotating by ``rotate_by`` (``cap_patience_s`` past it,
     so that the quantum alone decides here; tests/policies/test_admission_bound.py has the patience)."""
     return seated(
-        SeatParams(running_overbook=1.0, quantum_s=100.0, min_hold_s=1.0, rotate_by=rotate_by, cap_patience_s=1000.0, cap_queue_s=1000.0)
+        SeatParams(
+            running_overbook=1.0,
+            quantum_s=100.0,
+            min_hold_s=1.0,
+            rotate_by=rotate_by,
+            cap_patience_s=1000.0,
+            cap_queue_s=1000.0,
+        )
     )
 
 
