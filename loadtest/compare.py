@@ -196,6 +196,27 @@ def _fmt(key: str, value: float | None) -> str:
     return f"{value:.2f} s" if value < 10 else f"{value:.0f} s"
 
 
+def _four(row: dict) -> str:
+    return " · ".join(_fmt(k, row[k]) for k, _ in FIGURES)
+
+
+def as_markdown(profile: str, cells: list[Cell]) -> str:
+    """One row per (level, seed): the gateway's figures, the best of ``direct`` and ``sglang-cache-aware``,
+    the unbounded ceiling, and the verdict (failed checks named)."""
+    out = [
+        f"| `{profile}` conv. | Seed | gateway tok/min · p50 · p95 · longest | best of direct, sglang | "
+        "unbounded ceiling | Verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        g, u = c.rows["gateway"], c.rows["ceiling"]
+        top = {k: best(c.rows, k) for k, _ in FIGURES}
+        failed = [k.figure.replace("_s", "").replace("total_", "") for k in c.checks if not k.ok]
+        verdict = "no line" if not c.checks else ("PASS" if not failed else "FAIL: " + ", ".join(failed))
+        out.append(f"| {c.level} | {c.seed} | {_four(g)} | {_four(top)} | {_four(u)} | {verdict} |")
+    return "\n".join(out)
+
+
 def as_json(profile: str, backends: int, cells: list[Cell]) -> dict:
     return {
         "profile": profile,

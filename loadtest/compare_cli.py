@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backends.sim.profiles import PROFILES
-from loadtest.compare import FIGURES, STACKS, Cell, _fmt, as_json, best, run_compare, summary
+from loadtest.compare import FIGURES, STACKS, Cell, _fmt, as_json, as_markdown, best, run_compare, summary
 
 
 def print_cells(profile: str, backends: int, cells: list[Cell], console: Console) -> None:
@@ -60,6 +60,7 @@ def compare(
     warmup_minutes: float = typer.Option(5.0, help="Minutes excluded from every figure."),
     config: Path | None = typer.Option(None, help="A serve config file for the gateway stack (teams, admission)."),
     json_path: Path | None = typer.Option(None, "--json", help="Also write the cells and checks here."),
+    markdown: Path | None = typer.Option(None, help="Also write one Markdown row per level and seed here."),
     jobs: int = typer.Option(0, help="Runs in parallel (0: one per CPU core)."),
     scale: float = typer.Option(1.0, hidden=True, help="Workload token scale (tests)."),
 ) -> None:
@@ -85,3 +86,5 @@ def compare(
     print_cells(profile, backends, cells, console)
     if json_path is not None:
         json_path.write_text(json.dumps(as_json(profile, backends, cells), indent=1))
+    if markdown is not None:
+        markdown.write_text(as_markdown(profile, cells) + "\n")

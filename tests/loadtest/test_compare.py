@@ -47,6 +47,7 @@ def test_cli_prints_every_stack_and_writes_the_checks(tmp_path: Path) -> None:
     out = tmp_path / "cmp.json"
     args = ["compare", "--profile", "tiny", "--conversations", "2,4", "--seeds", "1", "--minutes", "1"]
     args += ["--warmup-minutes", "0", "--scale", "0.032", "--jobs", "1", "--json", str(out)]
+    args += ["--markdown", str(tmp_path / "cmp.md")]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     for name in ("gateway", "direct", "sglang-cache-aware", "ceiling", "acceptance checks pass"):
@@ -54,5 +55,7 @@ def test_cli_prints_every_stack_and_writes_the_checks(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert [(c["conversations"], c["seed"]) for c in doc["cells"]] == [(2, 1), (4, 1)]
     assert all(set(c["rows"]) == set(STACKS) and len(c["checks"]) == 4 for c in doc["cells"])
+    table = (tmp_path / "cmp.md").read_text().splitlines()
+    assert len(table) == 2 + 2 and table[2].startswith("| 2 | 1 | ")  # header, rule, one row per cell
     again = from_json(doc)  # the same verdicts from the written figures
     assert [[k.ok for k in c.checks] for c in again] == [[k["ok"] for k in c["checks"]] for c in doc["cells"]]
