@@ -104,9 +104,9 @@ longest measured on bf16 at 48-64 conversations). Then
   all: after ``cap_patience_s`` (15 s) it takes a free running slot on the rank the router chooses (its
   prefix's) even where a seated turn would take it, and after ``cap_queue_s`` (30 s) it joins the engine's
   own queue there, no free slot needed and no seat evicted: nothing is lost but a place in a queue;
-- past ``max_wait_s`` itself, with no idle seat to take, it goes to the router's slot past the seat
+- half of ``wait_lead_s`` later, with no idle seat to take, it goes to the router's slot past the seat
   budget (reason ``overdue``): the engine's own behaviour, where bounded waits and protection cannot
-  both be had.
+  both be had (the other half of the lead is left for the engine).
 
 Each rotation for the bound costs a recompute of the context that comes back. Out of ``N``
 conversations of which ``K`` fit the KV, keeping every wait under ``W`` takes about ``(N − K) / W``

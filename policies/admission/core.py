@@ -31,8 +31,9 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
     after ``idle_release_s`` (``full_idle_release_s`` on a full rank with waiters), or to a waiter
     after the quantum (``quantum_s``; swap cost / ``swap_overhead`` with a host tier); where only the running
     cap keeps a waiter out, it borrows a free running slot for one turn at the quantum instead (``rotate_by``).
-    Bounded waits: overdue (``max_wait_s − wait_lead_s``) a waiter goes first and takes idle seats; past
-    ``max_wait_s`` it goes past the budget; the running cap alone holds it ``cap_patience_s`` / ``cap_queue_s``.
+    Bounded waits: overdue (``max_wait_s − wait_lead_s``) a waiter goes first and takes idle seats; at
+    ``max_wait_s − wait_lead_s / 2`` it goes past the budget; the running cap alone holds it
+    ``cap_patience_s`` / ``cap_queue_s``.
 
     Parameters and defaults: ``SeatParams`` (``policies/admission/params.py``), every one listed there.
     Team limits (``TeamLimits``) come from ``teams`` (``default_team`` for those not listed).
@@ -377,7 +378,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             if place is None and (head or overdue) and self._make_room(w, now):
                 place = self._place(w, now)
             lent = place is None and (place := self._lend(w, now)) is not None
-            if place is None and now - w.arrived >= self.teams[w.req.team].limits.max_wait_s:
+            if place is None and now - w.arrived >= self._last_call(w):
                 place = self._overbook(w, now)
             if place is None:
                 if head:

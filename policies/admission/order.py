@@ -46,6 +46,11 @@ class FairOrder(SeatSizing):
         """How long ``w`` may wait before it is overdue: its team's ``max_wait_s`` less ``wait_lead_s``."""
         return max(0.0, self.teams[w.req.team].limits.max_wait_s - self.params.wait_lead_s)
 
+    def _last_call(self, w: Waiter) -> float:
+        """How long ``w`` waits for an idle seat before it goes past the budget: half of ``wait_lead_s`` after
+        its deadline (the other half still left for the engine)."""
+        return max(0.0, self.teams[w.req.team].limits.max_wait_s - self.params.wait_lead_s / 2)
+
     def _overdue(self, w: Waiter, now: float) -> bool:
         return now - w.arrived >= self._deadline(w)
 
