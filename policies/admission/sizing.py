@@ -100,8 +100,8 @@ class SeatSizing:
         return water * capacity * self.share if capacity else float("inf")
 
     def _set_kv_factor(self, now: float) -> None:
-        """``kv_overbook`` while the demand (the last size of every conversation running, waiting, or seen
-        within ``full_idle_release_s``: thinking) fits it times the capacity, else 1: an overflow that
+        """``kv_overbook`` while the demand (the last size of every conversation running, or seen within
+        ``full_idle_release_s``: waiting or thinking) fits it times the capacity, else 1: an overflow that
         small the engine's LRU absorbs at a small recompute, while a working set well past the pool would
         thrash it (then the seats protect the pool). Counted at most once a second, and when a new
         conversation arrives."""
@@ -117,11 +117,10 @@ class SeatSizing:
                 return  # unknown capacity: no budget to scale
             capacity += cap * max(1, view.dp_size)
         horizon = now - p.full_idle_release_s  # longer than a think: a conversation idle longer has ended
-        queued = {w.key for w in self.waiting.values()}
         demand = 0
         for key, (tokens, seen) in list(self._recent.items()):
             seat = self.seats.get(key)
-            if seen < horizon and (seat is None or not seat.busy) and key not in queued:
+            if seen < horizon and (seat is None or not seat.busy):
                 del self._recent[key]
             else:
                 demand += tokens
