@@ -15,8 +15,8 @@ there (held at least ``min_hold_s``); if none may go it still goes while the poo
 waits otherwise (at most its patience). The gap between the two marks is what lets conversations grow
 without a swap on every turn: most seats end with their conversation.
 
-Seats only where the KV truly binds: while the whole demand (the last size of every conversation
-running, or seen within ``full_idle_release_s``: waiting or thinking) fits ``kv_overbook · C`` (1.1),
+Seats only where the KV truly binds: while the demand (the last size of every conversation running,
+or that arrived or ended a turn within ``full_idle_release_s``) fits ``kv_overbook · C`` (1.1),
 both marks are ``kv_overbook · C``: nobody waits for a seat, the engine's own LRU absorbs an overflow
 that small at a small recompute (``direct`` serves 32 conversations on fp8 within 5 s with contexts
 just past its pool, where seats at 0.85 of it made turns wait 7 minutes). Past it, the marks protect
