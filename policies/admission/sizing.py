@@ -101,10 +101,10 @@ class SeatSizing:
 
     def _set_kv_factor(self, now: float) -> None:
         """``kv_overbook`` while the demand (the last size of every conversation running, or that arrived or
-        ended a turn within ``full_idle_release_s``; a longer waiter is not counted) fits it times the capacity, else 1: an overflow that
-        small the engine's LRU absorbs at a small recompute, while a working set well past the pool would
-        thrash it (then the seats protect the pool). Counted at most once a second, and when a new
-        conversation arrives."""
+        ended a turn within ``full_idle_release_s``; a longer waiter is not counted) fits it times the
+        capacity, else 1: an overflow that small the engine's LRU absorbs at a small recompute, while a
+        working set well past the pool would thrash it (then the seats protect the pool). Counted at most
+        once a second, and when a new conversation arrives."""
         p = self.params
         if p.kv_overbook <= 1.0 or now - self._kv_at < 1.0:
             return
