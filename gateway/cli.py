@@ -1,4 +1,4 @@
-"""The `cachegate` command: serve, sim-backend, simulate, loadtest, demo, plan, bench."""
+"""The `cachegate` command: serve, sim-backend, simulate, compare, loadtest, demo, plan, bench."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import typer
 
 from backends.sim.cli import sim_backend
 from loadtest.cli import demo, loadtest, plan, simulate
+from loadtest.compare_cli import compare
 
 app = typer.Typer(
     add_completion=False,
@@ -18,6 +19,7 @@ app.command("simulate")(simulate)
 app.command("loadtest")(loadtest)
 app.command("demo")(demo)
 app.command("plan")(plan)
+app.command("compare")(compare)
 
 
 @app.command(

@@ -55,6 +55,7 @@ class TeamConfig(_Strict):
     priority: int = _TEAM.priority
     tokens_per_minute: int | None = Field(_TEAM.tokens_per_minute, ge=0)
     max_request_tokens: int | None = Field(_TEAM.max_request_tokens, ge=1)
+    max_wait_s: float = Field(_TEAM.max_wait_s, gt=0)
 
     def limits(self) -> TeamLimits:
         return TeamLimits(**self.model_dump())
@@ -114,6 +115,10 @@ AdmissionSection = section_model(
         "output_clip": {"ge": 1},
         "rotate_on": {"pattern": "^(waiter|seat)$"},
         "rotate_by": {"pattern": "^(lend|evict)$"},
+        "kv_overbook": {"ge": 0.5, "le": 2},
+        "wait_lead_s": {"ge": 0},
+        "cap_patience_s": {"ge": 0},
+        "cap_queue_s": {"ge": 0},
     },
 )
 """``admission:``: ``policies/admission.py::SeatParams`` (the ``gateway`` stack's seats)."""

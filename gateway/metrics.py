@@ -168,6 +168,28 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        # Waits against the bound (policies/teams.py::TeamLimits.max_wait_s); the max over live workers.
+        self.oldest_wait = Gauge(
+            "cachegate_oldest_wait_seconds",
+            "How long each team's oldest waiting request has waited in admission.",
+            ["team"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.expected_wait = Gauge(
+            "cachegate_expected_wait_seconds",
+            "Expected wait in admission of a request of the team arriving now.",
+            ["team"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.wait_bound = Gauge(
+            "cachegate_wait_bound_seconds",
+            "The team's max_wait_s: the wait bound admission plans for.",
+            ["team"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.tokens = Counter(
             "cachegate_tokens", "Tokens by kind (input includes cached).", ["team", "model", "kind"], registry=r
         )

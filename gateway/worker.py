@@ -136,6 +136,7 @@ class Gateway:
 
     def _backends_changed(self, alias: str, views: list[BackendView]) -> None:
         self.dispatcher.set_backends(alias, views)
+        self._wait_gauges()
         if self.pool is None:
             return
         for backend in self.pool.models.get(alias, []):
@@ -146,3 +147,16 @@ class Gateway:
             m.backend_running.labels(backend.name).set(backend.running)
             m.backend_waiting.labels(backend.name).set(backend.waiting)
             m.backend_hit.labels(backend.name).set(backend.cache_hit_rate)
+
+    def _wait_gauges(self) -> None:
+        """Each team's oldest and expected wait and its bound, from the core's snapshot (on every load
+        poll: a wait that grows past the bound shows within a poll interval)."""
+        teams = self.dispatcher.core.snapshot().get("teams")
+        if not isinstance(teams, dict):
+            return  # a core without admission keeps no waits
+        m = self.metrics
+        for name, t in teams.items():
+            if "oldest_wait_s" in t:
+                m.oldest_wait.labels(name).set(t["oldest_wait_s"])
+                m.expected_wait.labels(name).set(t["expected_wait_s"])
+                m.wait_bound.labels(name).set(t["max_wait_s"])

@@ -16,7 +16,10 @@ the one above the recommendation).
 Team limits: each team's ``max_concurrency`` is its peak requests in flight at the busy hour on the
 recommended fleet (largest over seeds) plus ``HEADROOM``, rounded up: a limit that does not bind on
 the demand described, so it only stops a team that outgrows its forecast from taking the others'
-seats. ``max_queue`` is the team's conversations; ``queue_timeout_s`` is ``max(300, 2 × max wait)``.
+seats. ``max_queue`` is the team's conversations; ``queue_timeout_s`` is ``max(300, 2 × max wait)``;
+``max_wait_s`` (the wait bound admission plans for) is the target's max wait. Every candidate fleet is
+simulated with that bound already in force (``bound_config``: each team unlimited but for it), so the
+core trades throughput for the bound as the recommended configuration will.
 The recommended fleet is then re-simulated with those limits on ``verify_seeds`` (other seeds).
 """
 
@@ -29,43 +32,12 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 
+from loadtest.plan_teams import Targets, TeamDemand, bound_config, teams_config
+
 MEAN_CONTEXT = 160_000
 """Tokens a seated coding-agent conversation reserves on average over its life at scale 1 (its context
 grows from 20-60k to 200-250k; the seat holds the largest prompt so far plus the answer)."""
 ADMIT_WATER = 0.85
-HEADROOM = 1.25
-
-
-@dataclass(frozen=True)
-class TeamDemand:
-    name: str
-    developers: int
-    per_developer: float
-    """Concurrent agent conversations per developer at the busy hour."""
-
-    @property
-    def conversations(self) -> int:
-        return max(1, round(self.developers * self.per_developer))
-
-
-@dataclass(frozen=True)
-class Targets:
-    ttft_p50_s: float = 2.0
-    ttft_p95_s: float = 20.0
-    max_wait_s: float = 120.0
-
-    def misses(self, row: dict) -> list[str]:
-        """The targets ``row`` misses (empty: it meets them)."""
-        out = []
-        for key, limit in (
-            ("ttft_p50_s", self.ttft_p50_s),
-            ("ttft_p95_s", self.ttft_p95_s),
-            ("max_wait_s", self.max_wait_s),
-        ):
-            value = row.get(key)
-            if value is None or value > limit:
-                out.append(key)
-        return out
 
 
 @dataclass
@@ -102,21 +74,6 @@ def parse_teams(spec: str) -> list[TeamDemand]:
     if len({t.name for t in teams}) != len(teams):
         raise ValueError("team names must be unique")
     return teams
-
-
-def teams_config(teams: list[TeamDemand], peaks: dict[str, int], targets: Targets) -> dict:
-    """The ``teams:`` section for the recommended fleet."""
-    timeout = max(300.0, 2 * targets.max_wait_s)
-    return {
-        t.name: {
-            "max_concurrency": max(1, min(t.conversations, math.ceil(peaks.get(t.name, 1) * HEADROOM))),
-            "max_queue": t.conversations,
-            "queue_timeout_s": timeout,
-            "weight": 1,
-            "priority": 0,
-        }
-        for t in teams
-    }
 
 
 # -- one simulated busy hour -----------------------------------------------------------------------
@@ -280,7 +237,9 @@ class Planner:
 
         def at(n: int) -> Point:
             if n not in seen:
-                seen[n] = self.evaluate(profile, n, self.cfg.seeds)
+                seen[n] = self.evaluate(
+                    profile, n, self.cfg.seeds, config=bound_config(self.cfg.teams, self.cfg.targets)
+                )
             return seen[n]
 
         n = self.start(profile)

@@ -26,6 +26,11 @@ class TeamLimits:
     """Optional token budget (prompt + expected output), refilled continuously (``team_token_rate``)."""
     max_request_tokens: int | None = None
     """Optional ceiling on one request's prompt + max_tokens; past it: 400 ``team_request_tokens``."""
+    max_wait_s: float = 300.0
+    """The wait bound admission plans for (not a timeout that refuses): a waiting request is dispatched
+    before it has waited this long, at a throughput cost if need be (``policies/admission``). 240 s: a
+    turn's first token then comes within Codex CLI's ~300 s stream idle timeout (and well within Claude
+    Code's ~600 s request timeout) even after a full recompute of a 250k-token context."""
 
 
 UNLIMITED = TeamLimits(max_concurrency=1_000_000, max_queue=1_000_000, queue_timeout_s=1e12)

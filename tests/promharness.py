@@ -114,6 +114,10 @@ class Prometheus:
         "timestamp"}]}]``."""
         return list(self._get("/api/v1/query_exemplars", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}"}))
 
+    def alerts(self) -> list[dict[str, Any]]:
+        """Active alerts (pending and firing) with their labels."""
+        return list(self._get("/api/v1/alerts", {})["alerts"])
+
     def targets(self) -> list[dict[str, Any]]:
         """The active scrape targets with their ``health`` and ``lastError``."""
         return list(self._get("/api/v1/targets", {"state": "active"})["activeTargets"])
@@ -170,13 +174,23 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def prometheus(
-    targets: Targets, *, scrape_interval: str = "1s", ready_timeout: float = 20.0, extra_args: Sequence[str] = ()
+    targets: Targets,
+    *,
+    scrape_interval: str = "1s",
+    ready_timeout: float = 20.0,
+    extra_args: Sequence[str] = (),
+    rules: str | None = None,
 ) -> Iterator[Prometheus]:
-    """Start Prometheus scraping ``targets`` (``{job: ["host:port", ...]}`` or a list); stop it at exit."""
+    """Start Prometheus scraping ``targets`` (``{job: ["host:port", ...]}`` or a list), evaluating the
+    rule file content ``rules`` if given (every ``scrape_interval``); stop it at exit."""
     binary = find_binary()
     workdir = Path(tempfile.mkdtemp(prefix="promharness-"))
     config = workdir / "prometheus.yml"
-    config.write_text(yaml.safe_dump(scrape_config(targets, scrape_interval), sort_keys=False))
+    content = scrape_config(targets, scrape_interval)
+    if rules is not None:
+        (workdir / "rules.yml").write_text(rules)
+        content["rule_files"] = [str(workdir / "rules.yml")]
+    config.write_text(yaml.safe_dump(content, sort_keys=False))
     log = workdir / "prometheus.log"
     proc: subprocess.Popen[bytes] | None = None
     server: Prometheus | None = None

@@ -243,6 +243,17 @@ TEAMS = Dash(
                     exemplars=True,
                 ),
                 Panel(
+                    "Oldest wait vs bound by team",
+                    "Each team's oldest waiting request, its expected wait and its max_wait_s: the oldest "
+                    "wait staying under the bound is what the admission core plans for (alert CachegateWaitPastBound).",
+                    (
+                        Query("max by (team) (cachegate_oldest_wait_seconds)", "{{team}} oldest"),
+                        Query("max by (team) (cachegate_expected_wait_seconds)", "{{team}} expected"),
+                        Query("max by (team) (cachegate_wait_bound_seconds)", "{{team}} bound"),
+                    ),
+                    unit="s",
+                ),
+                Panel(
                     "Queue wait p95 by team",
                     "How long each team's requests wait for a slot.",
                     (Query(quantile(0.95, "cachegate_queue_wait_seconds", "team"), "{{team}}"),),

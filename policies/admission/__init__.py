@@ -12,10 +12,15 @@ and finds its prefix still cached. A backend (rank) with capacity ``C`` (``max_t
 grants a new seat only while ``Σ seats + need ≤ admit_water · C``. Seated conversations grow turn
 by turn into the gap up to ``high_water · C``; a turn that would pass it first releases idle seats
 there (held at least ``min_hold_s``); if none may go it still goes while the pool is not full, and
-waits otherwise. The gap between the two marks is
-what lets conversations grow without a swap on every turn: most seats end with their conversation.
-So the running conversations' working set never outgrows the engine's cache, and the excess waits
-at the gateway instead of thrashing the engine.
+waits otherwise (at most its patience). The gap between the two marks is what lets conversations grow
+without a swap on every turn: most seats end with their conversation.
+
+Seats only where the KV truly binds: while the demand (the last size of every conversation running,
+or that arrived or ended a turn within ``full_idle_release_s``) fits ``kv_overbook · C`` (1.1),
+both marks are ``kv_overbook · C``: nobody waits for a seat, the engine's own LRU absorbs an overflow
+that small at a small recompute (``direct`` serves 32 conversations on fp8 within 5 s with contexts
+just past its pool, where seats at 0.85 of it made turns wait 7 minutes). Past it, the marks protect
+the pool, and the excess waits at the gateway instead of thrashing the engine, within the bound below.
 
 A seat is given up when
 - its conversation has been idle ``idle_release_s`` (it ended, or its user went away);
@@ -85,12 +90,41 @@ router believes some rank holds ``lend_cached`` of its prompt, only there (a len
 recomputes its context, which under DP attention stalls every rank). It trades the median and p95 TTFT
 (every lent turn has waited) for much shorter waits for a seat: docs/benchmarks.md has the figures.
 
-Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 0.95, ``quantum_s`` 900,
+Bounded waits
+-------------
+A team's ``max_wait_s`` (``policies/teams.py``, default 300 s) is a bound the core plans for, not a
+timeout that refuses. A waiter is **overdue** once it has waited ``max_wait_s − wait_lead_s`` (``wait_lead_s``
+42 s: left for the engine's queue and a recompute of its context before the first token, the
+longest measured on bf16 at 48-64 conversations). Then
+
+- it goes before every waiter that is not overdue (overdue ones oldest first), whatever the fair order;
+- it may take idle seats (held ``min_hold_s``) whatever the quantum: the patience before an idle seat
+  gives way is ``min(quantum, deadline)``; the oldest seat gives way first (a round robin of slices);
+- where only the running cap keeps a waiter out (the KV has room), it does not wait for the bound at
+  all: after ``cap_patience_s`` (15 s) it takes a free running slot on the rank the router chooses (its
+  prefix's) even where a seated turn would take it, and after ``cap_queue_s`` (30 s) it joins the engine's
+  own queue there, no free slot needed and no seat evicted: nothing is lost but a place in a queue;
+- half of ``wait_lead_s`` later, with no idle seat to take, it goes to the router's slot past the seat
+  budget (reason ``overdue``): the engine's own behaviour, where bounded waits and protection cannot
+  both be had (the other half of the lead is left for the engine).
+
+Each rotation for the bound costs a recompute of the context that comes back. Out of ``N``
+conversations of which ``K`` fit the KV, keeping every wait under ``W`` takes about ``(N − K) / W``
+rotations a second, so the throughput lost is about ``(N − K) · R / W`` of the engine's time (``R``: one
+recompute). Where the cache holds the conversations (``N ≤ K``) the bound costs nothing; where it does
+not, the frontier between throughput and the bound is a table in docs/benchmarks.md ("Bounded waits").
+``snapshot`` shows each team's oldest waiter, the expected wait of a request arriving now (its team's
+queue times its mean dispatch interval, at most the bound) and the bound (``/admin/state``, and the
+``cachegate_oldest_wait_seconds``, ``cachegate_expected_wait_seconds`` and ``cachegate_wait_bound_seconds``
+gauges).
+
+Parameters and defaults: ``admit_water`` 0.85, ``high_water`` 1.0, ``quantum_s`` 900,
 ``rotate_on`` "waiter", ``rotate_by`` "lend", ``min_hold_s`` 20, ``idle_release_s`` 30,
 ``default_output`` 1024, ``output_clip`` 4096 (SGLang's own clip), ``input_weight`` 1 and ``output_weight`` 1 (tokens
 charged to a team's counter per token served), ``host_water`` 1.0, ``swap_overhead`` 0.01,
 ``running_overbook`` 1.2, ``full_idle_release_s`` 10, ``lend_free`` 0, ``lend_max`` 1,
-``lend_cached`` 0.5.
+``lend_cached`` 0.5, ``wait_lead_s`` 42, ``cap_patience_s`` 15, ``cap_queue_s`` 30, ``kv_overbook`` 1.1;
+per team ``max_wait_s`` 300.
 Figures behind these choices: docs/benchmarks.md.
 
 Modules, one job each: ``params.py`` (``SeatParams``), ``records.py`` (seats, waiters, running

@@ -3,7 +3,6 @@ seat sizing (``sizing.py``) and fair order (``order.py``) to the core's events."
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -12,7 +11,7 @@ from typing import ClassVar
 from policies.admission.limits import TeamGate
 from policies.admission.order import FairOrder
 from policies.admission.params import SeatParams
-from policies.admission.records import ModelViews, Running, Seat, Waiter, conversation_of, snapshot_of
+from policies.admission.records import ModelViews, Running, Seat, Waiter, conversation_of, snapshot_of, with_exclude
 from policies.core import DecisionCore, Hook
 from policies.routing import Router
 from policies.teams import UNLIMITED, TeamLimits, TeamState, teams_from_config
@@ -32,12 +31,11 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
     after ``idle_release_s`` (``full_idle_release_s`` on a full rank with waiters), or to a waiter
     after the quantum (``quantum_s``; swap cost / ``swap_overhead`` with a host tier); where only the running
     cap keeps a waiter out, it borrows a free running slot for one turn at the quantum instead (``rotate_by``).
+    Bounded waits: overdue (``max_wait_s − wait_lead_s``) a waiter goes first and takes idle seats; at
+    ``max_wait_s − wait_lead_s / 2`` it goes past the budget; the running cap alone holds it
+    ``cap_patience_s`` / ``cap_queue_s``.
 
-    Parameters (``SeatParams``) and defaults: ``admit_water`` 0.85, ``high_water`` 0.95,
-    ``quantum_s`` 900, ``rotate_on`` "waiter", ``rotate_by`` "lend", ``min_hold_s`` 20, ``idle_release_s`` 30,
-    ``default_output`` 1024, ``output_clip`` 4096, ``input_weight`` 1, ``output_weight`` 1,
-    ``host_water`` 1.0, ``swap_overhead`` 0.01, ``running_overbook`` 1.2, ``full_idle_release_s`` 10,
-    ``lend_free`` 0 (lending off), ``lend_max`` 1, ``lend_cached`` 0.5.
+    Parameters and defaults: ``SeatParams`` (``policies/admission/params.py``), every one listed there.
     Team limits (``TeamLimits``) come from ``teams`` (``default_team`` for those not listed).
     """
 
@@ -70,10 +68,11 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         self._seq = itertools.count()
         self.share = 1.0
         self.split_concurrency = False
+        self._clock = 0.0
+        self._recent: dict[str, tuple[int, float]] = {}
         self._idle_floor = -math.inf
-        """At most the ``last_active`` of every idle, unqueued seat since the last scan in ``tick`` (seats
-        only become idle with ``last_active = now``, except where this is reset), so a tick can tell
-        that no seat has been idle past its ``_idle_release_s`` without looking at each one."""
+        """At most the ``last_active`` of every idle, unqueued seat since ``tick``'s last scan (seats only become
+        idle with ``last_active = now``, except where this is reset): a tick skips the scan while under it."""
 
     # ----- configuration -------------------------------------------------------------------------
 
@@ -149,6 +148,9 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             if active:
                 team.vtc = max(team.vtc, min(active))
         self.waiting[req.rid] = Waiter(req, key, need, now, next(self._seq), one_shot)
+        if key not in self._recent:
+            self._kv_at = -math.inf  # a conversation not counted yet: count the demand again
+        self._recent[key] = (need, now)
         team.waiting += 1
         return self._schedule(now)
 
@@ -175,6 +177,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             seat.last_active = now
             if outcome.prompt_tokens and outcome.completion_tokens:
                 seat.tokens = self._reserve(seat, outcome.prompt_tokens + outcome.completion_tokens)
+                self._recent[w.key] = (seat.tokens, now)
             if seat.one_shot or ((not outcome.reached_backend or outcome.refused) and seat.busy == 0):
                 self._release(seat)
         self.router.finished(rid, run.slot[0], outcome, now)
@@ -206,7 +209,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         seat = self.seats.get(w.key)
         if seat is not None and seat.slot[0] == failed_backend:
             self._release(seat)
-        retried = Waiter(_with_exclude(w.req, failed_backend), w.key, w.need, w.arrived, w.seq, w.one_shot)
+        retried = Waiter(with_exclude(w.req, failed_backend), w.key, w.need, w.arrived, w.seq, w.one_shot)
         place = self._place(retried, now)
         if place is None:
             return [Refuse(rid, "no_healthy_backend", "no other backend can take this request now", 5.0, 503)]
@@ -245,8 +248,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                 )
         if decisions:
             self._idle_floor = -math.inf  # refused waiters' seats are idle now, with an older last_active
-        # No seat's threshold is below min(idle_release_s, full_idle_release_s): skip the scan while
-        # even the longest-idle seat is under it (exact: the same seats are released as by a full scan).
+        # Skip the scan while even the longest-idle seat is under the lowest threshold (exact: same releases).
         if now - self._idle_floor > min(self.params.idle_release_s, self.params.full_idle_release_s):
             queued = {w.key for w in self.waiting.values()}
             floor = now
@@ -262,7 +264,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
     # ----- state queries (admin API, metrics, tests) --------------------------------------------
 
     def snapshot(self) -> dict[str, object]:
-        return snapshot_of(self.teams, self.seats, self.reserved, len(self.waiting), len(self.running))
+        return snapshot_of(self.teams, self.seats, self.reserved, self.waiting, len(self.running), self._clock)
 
     # ----- internals -----------------------------------------------------------------------------
 
@@ -312,9 +314,11 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         return decision
 
     def _schedule(self, now: float) -> list[Decision]:
+        self._clock = now  # the latest time an event brought, for ``snapshot``
         decisions: list[Decision] = []
         if not self.waiting:
             return decisions
+        self._set_kv_factor(now)
         # 1. Turns of seated conversations: they take no new capacity.
         waiters = list(self.waiting.values())
         for w in self._order(waiters) if len(waiters) > 1 else waiters:
@@ -335,9 +339,10 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                 if (
                     used + grow > self._budget(cap, growth=True)
                     and not self._make_room(w, now, slot, grow)
-                    and used + grow > (cap * self.share if cap else float("inf"))
+                    and used + grow > (cap * self.share * self._kv_factor if cap else float("inf"))
+                    and now - w.arrived < self._patience(w, slot, grow)
                 ):
-                    continue  # keeps its seat; goes when an idle seat there can be released
+                    continue  # keeps its seat; goes when an idle seat there is released, or at its patience
             self._take(w)
             scores = {"seated": 1.0}
             matched = self.router.matched_tokens(req, slot[0], slot[1])
@@ -355,18 +360,21 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         stays so (need not below its model's smallest failed, or its team at its cap: both only tighten)."""
         held: dict[str, Slot | None] = {}  # model -> the blocked head's slot
         smallest_failed: dict[str, int] = {}  # model -> smallest need that found no slot behind the head
-        order = self._order(list(self.waiting.values()))
+        order = self._order_now(list(self.waiting.values()), now)
         while order:
             w = order.pop(0)
-            if w.need >= smallest_failed.get(w.req.model, 1 << 62) or not self._may_dispatch(
+            overdue = self._overdue(w, now)
+            if (w.need >= smallest_failed.get(w.req.model, 1 << 62) and not overdue) or not self._may_dispatch(
                 self.teams[w.req.team], now
             ):
                 continue
             head = w.req.model not in held
-            place = self._place(w, now, avoid=held.get(w.req.model))
-            if place is None and head and self._make_room(w, now):
+            place = self._place(w, now, avoid=None if overdue else held.get(w.req.model))
+            if place is None and (head or overdue) and self._make_room(w, now):
                 place = self._place(w, now)
             lent = place is None and (place := self._lend(w, now)) is not None
+            if place is None and now - w.arrived >= self._last_call(w):
+                place = self._overbook(w, now)
             if place is None:
                 if head:
                     held[w.req.model] = self._head_slot(w)
@@ -375,11 +383,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                 continue
             self._take(w)
             decisions.append(self._dispatch(w, place.slot, now, place.reason, place.scores, place.matched_tokens, lent))
-            order = self._order(order)  # its team's counter moved
-
-    def _take(self, w: Waiter) -> None:
-        del self.waiting[w.req.rid]
-        self.teams[w.req.team].waiting -= 1
+            order = self._order_now(order, now)  # its team's counter moved
 
     def _make_room(self, w: Waiter, now: float, slot: Slot | None = None, extra: int | None = None) -> bool:
         """Release idle seats so that ``w`` fits (``FairOrder._victims``); False if none may go."""
@@ -389,7 +393,3 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         for seat in victims:
             self._release(seat)
         return True
-
-
-def _with_exclude(req: RequestFacts, backend: str) -> RequestFacts:
-    return dataclasses.replace(req, exclude=req.exclude | {backend})

@@ -37,6 +37,37 @@ class FairOrder(SeatSizing):
     def _order(self, waiters: list[Waiter]) -> list[Waiter]:
         return sorted(waiters, key=self._rank) if len(waiters) > 1 else waiters
 
+    def _take(self, w: Waiter) -> None:
+        """``w`` leaves the waiting room (it is dispatched)."""
+        del self.waiting[w.req.rid]
+        self.teams[w.req.team].waiting -= 1
+
+    def _deadline(self, w: Waiter) -> float:
+        """How long ``w`` may wait before it is overdue: its team's ``max_wait_s`` less ``wait_lead_s``."""
+        return max(0.0, self.teams[w.req.team].limits.max_wait_s - self.params.wait_lead_s)
+
+    def _last_call(self, w: Waiter) -> float:
+        """How long ``w`` waits for an idle seat before it goes past the budget: half of ``wait_lead_s`` after
+        its deadline (the other half still left for the engine)."""
+        return max(0.0, self.teams[w.req.team].limits.max_wait_s - self.params.wait_lead_s / 2)
+
+    def _overdue(self, w: Waiter, now: float) -> bool:
+        return now - w.arrived >= self._deadline(w)
+
+    def _order_now(self, waiters: list[Waiter], now: float) -> list[Waiter]:
+        """``_order``, overdue waiters first (oldest first): the bound goes before fairness and seats."""
+        ordered = self._order(waiters)
+        overdue = [w for w in ordered if self._overdue(w, now)]
+        if not overdue:
+            return ordered
+        overdue.sort(key=lambda w: (w.arrived, w.seq))
+        return overdue + [w for w in ordered if not self._overdue(w, now)]
+
+    def _patience(self, w: Waiter, slot: Slot, seat_tokens: int) -> float:
+        """How long ``w`` waits before an idle seat of ``seat_tokens`` on ``slot`` gives way to it: the
+        quantum (``_quantum``: the swap cost over ``swap_overhead`` with a host tier), never past its deadline."""
+        return min(self._quantum(slot, seat_tokens), self._deadline(w))
+
     def _head_slot(self, w: Waiter) -> Slot | None:
         """The slot a blocked head waits for (``policies/request_limits.py::head_slot``)."""
         return head_slot(
@@ -72,12 +103,17 @@ class FairOrder(SeatSizing):
         for slot, _ in slots:
             # rotate_by "lend": a waiter that has waited the quantum takes any free running slot where the
             # running cap (the seat limit) is what keeps it out
+            # past cap_patience_s it takes a free running slot, past cap_queue_s it joins the engine's queue
+            # there (no free slot needed: nothing is evicted)
+            # (both at most the quantum / the deadline)
+            waited = now - w.arrived
+            patience = self._patience(w, slot, w.need)
             if (
                 rotating
-                and now - w.arrived >= self._quantum(slot, w.need)
+                and waited >= min(p.cap_patience_s, patience)
                 and self._seats_on(slot) >= self._seat_limit(slot)
             ):
-                free[slot] = 1
+                free[slot] = 0 if waited >= min(p.cap_queue_s, self._deadline(w)) else 1
             elif p.lend_free > 0:
                 free[slot] = p.lend_free
         if not free:
@@ -92,8 +128,8 @@ class FairOrder(SeatSizing):
             slot
             for slot, cap in slots
             if slot in free
-            and busy.get(slot, 0) + free[slot] <= self._running_cap(slot)
-            and lent.get(slot, 0) < p.lend_max
+            and (free[slot] == 0 or busy.get(slot, 0) + free[slot] <= self._running_cap(slot))
+            and (free[slot] == 0 or lent.get(slot, 0) < p.lend_max)
             and self.reserved.get(slot, 0) + min(w.need, self._budget(cap)) <= self._budget(cap)
             and can_hold(w.req.prompt_tokens, cap, p.high_water)
         ]
@@ -108,6 +144,19 @@ class FairOrder(SeatSizing):
             return None
         place = self._choose(w, fitting, now)
         return Placement(place.slot, "lent", place.scores, place.matched_tokens)
+
+    def _overbook(self, w: Waiter, now: float) -> Placement | None:
+        """An overdue ``w`` that no seat can be made for: the router's slot among those that can ever hold
+        its prompt, past the seat budget (the engine's own behaviour: it queues or evicts)."""
+        fitting = {
+            slot
+            for slot, cap in self._slots(w.req.model, w.req.exclude)
+            if can_hold(w.req.prompt_tokens, cap, self.params.high_water)
+        }
+        if not fitting:
+            return None
+        place = self._choose(w, fitting, now)
+        return Placement(place.slot, "overdue", place.scores, place.matched_tokens)
 
     def _choose(self, w: Waiter, fitting: set[Slot], now: float) -> Placement:
         """The router's choice among ``fitting`` slots, else the one with the least reserved."""
@@ -152,7 +201,7 @@ class FairOrder(SeatSizing):
                 held = now - seat.since
                 owner = self.teams[seat.team]
                 favoured = extra is not None or owner.vtc > team.vtc or self._band(w) > owner.limits.priority
-                quantum = self._quantum(candidate, seat.tokens)
+                quantum = self._patience(w, candidate, seat.tokens)
                 if p.rotate_on == "waiter" and by_quantum:
                     favoured = favoured or now - w.arrived >= quantum
                 if (p.rotate_on == "seat" and held >= quantum) or (favoured and held >= p.min_hold_s):

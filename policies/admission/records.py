@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -79,12 +80,38 @@ def conversation_of(req: RequestFacts, anchors: dict[int, str]) -> tuple[str, bo
     return f"rid:{req.rid}", not req.fingerprint
 
 
-def snapshot_of(
-    teams: dict[str, TeamState], seats: dict[str, Seat], reserved: dict[Slot, int], waiting: int, running: int
-) -> dict[str, object]:
-    """The admin API's view of admission: per team, per slot (reserved tokens, seats), queue sizes."""
+def waits_of(teams: dict[str, TeamState], waiters: dict[str, Waiter], now: float) -> dict[str, dict[str, float]]:
+    """Per team: its oldest waiter's wait so far, the expected wait of a request arriving now (the team's
+    queue times its mean dispatch interval, at most its bound) and the bound (``max_wait_s``)."""
+    oldest: dict[str, float] = {}
+    for w in waiters.values():
+        oldest[w.req.team] = max(oldest.get(w.req.team, 0.0), now - w.arrived)
     return {
-        "teams": {n: {"inflight": t.inflight, "waiting": t.waiting, "vtc": round(t.vtc, 1)} for n, t in teams.items()},
+        n: {
+            "oldest_wait_s": round(oldest.get(n, 0.0), 3),
+            "expected_wait_s": round(min(t.limits.max_wait_s, t.waiting * t.dispatch_interval), 3),
+            "max_wait_s": t.limits.max_wait_s,
+        }
+        for n, t in teams.items()
+    }
+
+
+def snapshot_of(
+    teams: dict[str, TeamState],
+    seats: dict[str, Seat],
+    reserved: dict[Slot, int],
+    waiters: dict[str, Waiter],
+    running: int,
+    now: float,
+) -> dict[str, object]:
+    """The admin API's view of admission: per team (with its waits, ``waits_of``), per slot (reserved
+    tokens, seats), queue sizes."""
+    waits = waits_of(teams, waiters, now)
+    return {
+        "teams": {
+            n: {"inflight": t.inflight, "waiting": t.waiting, "vtc": round(t.vtc, 1), **waits[n]}
+            for n, t in teams.items()
+        },
         "backends": {
             f"{b}" if r is None else f"{b}#{r}": {
                 "reserved_tokens": tokens,
@@ -92,6 +119,11 @@ def snapshot_of(
             }
             for (b, r), tokens in reserved.items()
         },
-        "waiting": waiting,
+        "waiting": len(waiters),
         "running": running,
     }
+
+
+def with_exclude(req: RequestFacts, backend: str) -> RequestFacts:
+    """``req`` retried elsewhere: ``backend`` excluded."""
+    return dataclasses.replace(req, exclude=req.exclude | {backend})

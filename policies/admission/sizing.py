@@ -1,7 +1,8 @@
 """Seat sizing: what a seat needs, and each slot's seat budget counting every tier.
 
-A slot's budget is ``water · C · share`` with ``C = C_gpu + host_water · C_host`` when the backend
-reloads from a host tier (else ``C_gpu``; 0: unknown, unbounded), and at most
+A slot's budget is ``water · C · share`` with ``C = C_gpu + host_water · C_host`` when the backend reloads
+from a host tier (else ``C_gpu``; 0: unknown, unbounded), ``kv_overbook · C · share`` for both marks while
+the whole demand fits that (``_set_kv_factor``), and at most
 ``ceil(running_overbook · max_running_requests · share)`` seats. A waiter may take an idle seat
 after ``clip(tokens / reload_tokens_per_s / swap_overhead, min_hold_s, quantum_s)`` with a host
 tier, else ``quantum_s``. Parameters and defaults: ``SeatParams``.
@@ -30,6 +31,11 @@ class SeatSizing:
     waiting: dict[str, Waiter]
     _by_name: dict[str, BackendView]
     """Each backend's view (the first model's that lists it); ``_views_changed`` rebuilds it."""
+    _kv_factor: float = 1.0
+    """``kv_overbook`` or 1 (``_set_kv_factor``)."""
+    _kv_at: float = -1e18
+    _recent: dict[str, tuple[int, float]]
+    """Each conversation's last size and when it was last seen (arrival or end of a turn)."""
     _slot_lists: dict[str, tuple[SeatParams, list[tuple[Slot, int]]]]
     """``_slots`` of each model without exclusions (and the parameters it was computed with), until
     ``_views_changed``: the placement asks for it for every waiter on every event."""
@@ -89,8 +95,38 @@ class SeatSizing:
         return self._tier_capacity(view) if exists else 0
 
     def _budget(self, capacity: int, growth: bool = False) -> float:
+        if self._kv_factor > 1.0:  # the whole demand fits kv_overbook × the pool: no marks, no protection
+            return capacity * self.share * self._kv_factor if capacity else float("inf")
         water = self.params.high_water if growth else self.params.admit_water
         return water * capacity * self.share if capacity else float("inf")
+
+    def _set_kv_factor(self, now: float) -> None:
+        """``kv_overbook`` while the demand (the last size of every conversation running, or that arrived or
+        ended a turn within ``full_idle_release_s``; a longer waiter is not counted) fits it times the
+        capacity, else 1: an overflow that small the engine's LRU absorbs at a small recompute, while a
+        working set well past the pool would thrash it (then the seats protect the pool). Counted at most
+        once a second, and when a new conversation arrives."""
+        p = self.params
+        if p.kv_overbook <= 1.0 or now - self._kv_at < 1.0:
+            return
+        self._kv_at = now
+        self._kv_factor = 1.0
+        capacity = 0
+        for view in self._by_name.values():
+            cap = self._tier_capacity(view)
+            if not cap or not view.healthy:
+                return  # unknown capacity: no budget to scale
+            capacity += cap * max(1, view.dp_size)
+        horizon = now - p.full_idle_release_s  # longer than a think: a conversation idle longer has ended
+        demand = 0
+        for key, (tokens, seen) in list(self._recent.items()):
+            seat = self.seats.get(key)
+            if seen < horizon and (seat is None or not seat.busy):
+                del self._recent[key]
+            else:
+                demand += tokens
+        if demand <= p.kv_overbook * capacity * self.share:
+            self._kv_factor = p.kv_overbook
 
     def _fits(self, need: int, slot: Slot, capacity: int) -> bool:
         budget = self._budget(capacity)

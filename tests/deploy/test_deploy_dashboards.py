@@ -32,6 +32,9 @@ GATEWAY_METRICS = {
     "cachegate_backend_waiting",
     "cachegate_backend_cache_hit_rate",
     "cachegate_redis_degraded",
+    "cachegate_oldest_wait_seconds",
+    "cachegate_expected_wait_seconds",
+    "cachegate_wait_bound_seconds",
 }
 SGLANG_METRICS = {
     "sglang:num_running_reqs",
@@ -100,7 +103,7 @@ def test_dashboard_contents() -> None:
     for word in ("tokens per minute", "time to first token", "queue", "error", "refusals"):
         assert word in overview
     teams = " ".join(by_dash["cachegate-teams"]).lower()
-    for word in ("in flight", "queued", "tokens", "refusals", "ttft"):
+    for word in ("in flight", "queued", "tokens", "refusals", "ttft", "oldest wait vs bound"):
         assert word in teams
     backend_exprs = " ".join(e for d, _, e in generate.all_queries() if d == "cachegate-backends")
     for metric in (

@@ -88,3 +88,19 @@ def test_cli_writes_frontier_and_snippet(tmp_path: Path) -> None:
     assert (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     bad = CliRunner().invoke(app, ["plan", "--teams", "a:2", "--profile", "tiny"])
     assert bad.exit_code == 2 and "NAME:DEVELOPERS" in bad.output
+
+
+def test_the_plan_simulates_and_writes_the_wait_bound() -> None:
+    from loadtest.plan import bound_config, teams_config
+
+    teams = parse_teams("a:4:2,b:2:1")
+    targets = Targets(max_wait_s=90.0)
+    written = teams_config(teams, {"a": 3, "b": 1}, targets)
+    assert {n: t["max_wait_s"] for n, t in written.items()} == {"a": 90.0, "b": 90.0}
+    searched = bound_config(teams, targets)["teams"]
+    assert searched["a"] == {"max_concurrency": 8, "max_queue": 8, "queue_timeout_s": 300.0, "max_wait_s": 90.0}
+    # the core the search builds plans for that bound
+    from loadtest.sim_live import build_core
+
+    core = build_core("gateway", config=bound_config(teams, targets))
+    assert core.team("a", 0.0).limits.max_wait_s == 90.0  # type: ignore[union-attr]

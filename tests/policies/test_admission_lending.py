@@ -60,8 +60,18 @@ def test_a_free_running_slot_is_lent_for_one_turn_at_most_lend_max_per_rank() ->
 
 
 def full_rank(rotate_by: str) -> tuple[SeatedAdmission, dict[str, str]]:
-    """As ``two_seats`` with lending off and a 100 s quantum rotating by ``rotate_by``."""
-    return seated(SeatParams(running_overbook=1.0, quantum_s=100.0, min_hold_s=1.0, rotate_by=rotate_by))
+    """As ``two_seats`` with lending off and a 100 s quantum rotating by ``rotate_by`` (``cap_patience_s`` past it,
+    so that the quantum alone decides here; tests/policies/test_admission_bound.py has the patience)."""
+    return seated(
+        SeatParams(
+            running_overbook=1.0,
+            quantum_s=100.0,
+            min_hold_s=1.0,
+            rotate_by=rotate_by,
+            cap_patience_s=1000.0,
+            cap_queue_s=1000.0,
+        )
+    )
 
 
 def test_rotate_by_lend_serves_a_waiter_past_the_quantum_on_a_free_slot_and_evicts_no_seat() -> None:
