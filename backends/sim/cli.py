@@ -28,6 +28,14 @@ def sim_backend(
         help="Client surfaces served: all (SGLang 0.5.23: /v1/responses and /v1/messages), responses, or chat "
         "(an older build: chat and completions only, so a gateway must translate).",
     ),
+    kv_events_config: str | None = typer.Option(
+        None,
+        help="SGLang's --kv-events-config JSON, e.g. "
+        '\'{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", '
+        '"topic": "kv-events"}\': '
+        "publish BlockStored/BlockRemoved/AllBlocksCleared over ZMQ as SGLang 0.5.23 does (one port per DP rank; "
+        "needs pyzmq).",
+    ),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
 ) -> None:
     """Run a simulated SGLang server (replaced by :data:`HELP` below)."""
@@ -51,8 +59,9 @@ def sim_backend(
             reasoning=reasoning,
             answer_scale=scale,
             routes=routes,
+            kv_events_config=kv_events_config,
         )
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:
         typer.echo(f"cachegate sim-backend: {exc}", err=True)
         raise typer.Exit(code=2) from None
 

@@ -88,6 +88,7 @@ def create_app(
     answer_scale: float = 1.0,
     routes: str = "all",
     engine_factory: Callable[..., Any] | None = None,
+    kv_events_config: str | None = None,
 ) -> Starlette:
     """A Starlette app serving one simulated SGLang 0.5.23 server.
 
@@ -97,6 +98,8 @@ def create_app(
     ``reasoning_content`` first. Tool calls: :mod:`backends.sim.agent`. Output length and context:
     :mod:`backends.sim.planner` (``answer_scale`` multiplies the 200-1,500-token answers).
     ``startup_delay_s``: /health answers 503 that long. ``routes``: a key of :data:`ROUTE_SETS`.
+    ``kv_events_config``: SGLang's ``--kv-events-config`` JSON; with ``"publisher": "zmq"`` the twin
+    publishes its radix cache's events as SGLang does (:mod:`backends.sim.kv_publisher`, needs pyzmq).
     """
     if routes not in ROUTE_SETS:
         raise ValueError(f"unknown route set {routes!r}; choose one of: {', '.join(ROUTE_SETS)}")
@@ -118,6 +121,14 @@ def create_app(
         startup_delay_s=startup_delay_s,
         answer_scale=answer_scale,
     )
+    if kv_events_config:
+        from backends.kv_wire import KVEventsConfig
+
+        cfg = KVEventsConfig.from_cli(kv_events_config)
+        if cfg.publisher == "zmq":
+            from backends.sim.kv_publisher import TwinEvents
+
+            twin.events = TwinEvents(cfg, int(getattr(prof, "page_size", 1)) or 1, engine._ranks)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
