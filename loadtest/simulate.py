@@ -95,6 +95,8 @@ class SimConfig:
     max_tokens: int = 0
     """What the simulated clients send as ``max_tokens`` (0: none, the core assumes its default)."""
     faults: Faults = field(default_factory=Faults)
+    cache_view: str = "approximate"
+    """``precise``: the router's index fed by the engines' cache events (``loadtest/sim_kv_view.py``)."""
 
 
 @dataclass(slots=True)
@@ -392,6 +394,10 @@ def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None, core
     core = core or build_core(cfg.policy, cfg.admission, cfg.routing, config)
     factory = engine_factory or default_engine_factory(cfg)
     engines = {f"b{i}": factory() for i in range(cfg.backends)}
+    if cfg.cache_view == "precise":
+        from loadtest.sim_kv_view import attach_precise_view
+
+        attach_precise_view(core, engines)
     workload = make_workload(
         cfg.workload,
         seed=cfg.seed,
@@ -426,6 +432,7 @@ def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None, core
     row["unbounded"] = cfg.unbounded
     row["oracle"] = cfg.oracle
     row["warm_start"] = cfg.warm_start
+    row["cache_view"] = cfg.cache_view
     if cfg.faults.any:
         row["faults"] = sim.fault_counts()
     return row
