@@ -321,6 +321,8 @@ class RequestPath:
                 ),
             )
             record.backend = exchange.backend
+            if gw.kv is not None and exchange.ok and not client_left:
+                gw.kv.learner.observe(exchange.backend, req.prompt, fingerprint, rendered)
             if result.first_token_at is not None:
                 record.ttft_s = result.first_token_at - arrived
             status = exchange.error.status if exchange.error else exchange.status

@@ -51,4 +51,28 @@ def token_block_hashes(token_ids: Sequence[int], page_size: int) -> list[int]:
     return [digest_to_block_hash(d) for d in page_digests(pages)]
 
 
-__all__ = ["digest_to_block_hash", "pack_tokens", "page_digests", "token_block_hashes"]
+def align_blocks(
+    fp: Sequence[tuple[int, int]],
+    rendered_bytes: int,
+    block_bytes: int,
+    tokens: int,
+    page_size: int,
+    hashes: Sequence[int],
+) -> list[tuple[int, int]]:
+    """(fingerprint key, engine block hash) pairs: fingerprint block i (its rendering's bytes up to
+    ``min((i+1)·block_bytes, rendered_bytes)``) is mapped to the last whole engine page ending at or before
+    the same fraction of the engine's ``tokens``, one page earlier as a margin (the two renderings — the
+    gateway's canonical one and the engine's chat template — are only proportional, not aligned). A block
+    whose page would be before the first is left unmapped."""
+    if rendered_bytes <= 0 or tokens <= 0 or not hashes:
+        return []
+    out: list[tuple[int, int]] = []
+    for i, (key, _) in enumerate(fp):
+        end = min((i + 1) * block_bytes, rendered_bytes)
+        j = (end * tokens // rendered_bytes) // page_size - 2
+        if j >= 0:
+            out.append((key, hashes[min(j, len(hashes) - 1)]))
+    return out
+
+
+__all__ = ["align_blocks", "digest_to_block_hash", "pack_tokens", "page_digests", "token_block_hashes"]

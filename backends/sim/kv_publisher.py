@@ -62,6 +62,7 @@ class ZmqPublisher:
         self._buffer: list[tuple[int, bytes]] = []
         self._buffer_steps = cfg.buffer_steps
         self._seq = 0
+        self._drop = False
         self._ctx = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(cfg.hwm)
@@ -87,9 +88,9 @@ class ZmqPublisher:
         """The next sequence number (tests drop one to make a gap)."""
         return self._seq
 
-    def skip(self, n: int = 1) -> None:
-        """Advance the sequence without sending (a message lost on the wire; for fault tests)."""
-        self._queue.put(None if n <= 0 else KVEventBatch(ts=-float(n), events=[]))
+    def drop_next(self) -> None:
+        """Buffer the next message for replay but do not send it (lost on the wire; fault tests)."""
+        self._drop = True
 
     def publish(self, batch: KVEventBatch) -> None:
         if batch.attn_dp_rank is None:
@@ -109,14 +110,14 @@ class ZmqPublisher:
                 continue
             if batch is None:
                 continue
-            if batch.ts < 0 and not batch.events:  # skip(): a gap, nothing sent
-                self._seq += int(-batch.ts)
-                continue
             seq = self._seq
             self._seq += 1
             payload = encode_batch(batch)
             try:
-                self._pub.send_multipart((self._topic, seq_bytes(seq), payload))
+                if self._drop:
+                    self._drop = False
+                else:
+                    self._pub.send_multipart((self._topic, seq_bytes(seq), payload))
             except Exception:  # a send error must not kill the publisher (SGLang logs and goes on)
                 log.exception("kv event publish failed")
             self._buffer.append((seq, payload))

@@ -24,6 +24,7 @@ from backends.sim import routes_messages as messages_routes
 from backends.sim import routes_native as native
 from backends.sim import routes_openai as openai_routes
 from backends.sim import routes_responses as responses_routes
+from backends.sim import routes_tokenize
 from backends.sim.responses_api import Store
 from backends.sim.runtime import DEFAULT_MODEL, SGLANG_VERSION, ApiError, Twin, tp_size
 
@@ -149,6 +150,8 @@ def create_app(
         Route("/metrics", native.metrics, methods=["GET"]),
         Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
         Route("/abort_request", native.abort_request, methods=["POST"]),
+        Route("/v1/tokenize", routes_tokenize.tokenize, methods=["POST"]),
+        Route("/tokenize", routes_tokenize.tokenize, methods=["POST"]),
         Route("/generate", native.generate, methods=["POST", "PUT"]),
         Route("/v1/models", openai_routes.models, methods=["GET"]),
         Route("/v1/models/{model:path}", openai_routes.model, methods=["GET"]),
