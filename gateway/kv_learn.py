@@ -9,8 +9,10 @@ request path, one at a time, computes the engine's block hashes of the answer (`
 ``block_size`` the backend's events carry), and learns (fingerprint block → engine block) pairs by
 proportional position (``policies/engine_blocks.py::align_blocks``). The pairs are content-addressed
 (same prefix, same hashes on every backend), so what one backend's tokenization teaches serves all.
-A fingerprint whose last block is already mapped is not asked again. Until a block is mapped, the
-precise index counts it as not held on an exact backend (docs/kv-events.md: what this loses).
+A fingerprint whose last block is already mapped is not asked again. A conversation new to this
+replica (the middle of its fingerprint unmapped) is tokenized *before* it is routed, for at most
+``pre_route_s`` (0.25 s), so that replicas agree on where another replica left it. Until a block is
+mapped, the precise index counts it as not held on an exact backend (docs/kv-events.md).
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class MappingLearner:
         self.learned = 0
         self.failed = 0
         self.skipped = 0
+        self.pre_route = 0
+        self.pre_route_missed = 0
+        self.pre_route_s = 0.25
+        """The longest a new conversation waits for its tokenization before it is routed anyway."""
 
     def observe(self, backend: str, body: Mapping[str, Any], fp: Fingerprint, rendered_bytes: int) -> None:
         """A request completed on ``backend``: learn its blocks unless they are known (never blocks)."""
@@ -56,6 +62,22 @@ class MappingLearner:
             return
         with contextlib.suppress(asyncio.QueueFull):  # behind: this turn's mapping is learned next turn
             self._queue.put_nowait((backend, body, fp, rendered_bytes))
+
+    async def before_route(self, body: Mapping[str, Any], fp: Fingerprint, rendered_bytes: int) -> None:
+        """A conversation new to this replica (the middle block of its fingerprint unmapped): learn its
+        blocks before it is routed, waiting at most ``pre_route_s``, so that a replica that never saw it
+        still finds where another replica (or a client bypassing the gateway) left it. Once per
+        conversation and replica; a later turn's new tail is learned after it completes."""
+        if not fp or self.block_map.get(fp[len(fp) // 2][0]) is not None:
+            return
+        backend = next((b for b in self.backends if self.follower.block_size(b)), None)
+        if backend is None:
+            return
+        self.pre_route += 1
+        try:
+            await asyncio.wait_for(self.learn(backend, body, fp, rendered_bytes), self.pre_route_s)
+        except Exception:  # slow or failed: route on what is known; observe() learns it after the turn
+            self.pre_route_missed += 1
 
     def start(self) -> None:
         self._client = httpx.AsyncClient(timeout=10.0)
@@ -137,7 +159,13 @@ class KVView:
         return {
             "ranks": ranks,
             "mapped_blocks": len(self.index.block_map),
-            "tokenized": {"learned_pairs": learner.learned, "failed": learner.failed, "skipped": learner.skipped},
+            "tokenized": {
+                "learned_pairs": learner.learned,
+                "failed": learner.failed,
+                "skipped": learner.skipped,
+                "before_route": learner.pre_route,
+                "before_route_missed": learner.pre_route_missed,
+            },
         }
 
 

@@ -254,6 +254,8 @@ class RequestPath:
             max_output_tokens=req.max_tokens or 0,
             fingerprint=fingerprint,
         )
+        if gw.kv is not None:  # a conversation new to this replica: learn its engine blocks first (bounded)
+            await gw.kv.learner.before_route(req.prompt, fingerprint, rendered)
         trace = current_trace()
         trace.facts(facts.prompt_tokens)
         trace.admission_started()
