@@ -35,6 +35,9 @@ class KVEventsSource(_Strict):
     topic: str = ""
     poll_s: float = Field(1.0, gt=0)
     """How often the replay endpoint is probed (continuity check; a dead publisher is found within one)."""
+    tokenize_wait_s: float = Field(0.25, ge=0)
+    """The longest a conversation new to this replica waits for the backend's ``/v1/tokenize`` before it
+    is routed anyway (``gateway/kv_learn.py``); 0: never wait (learn after the turn only)."""
 
     @field_validator("endpoint", "replay_endpoint")
     @classmethod

@@ -10,7 +10,7 @@ request path, one at a time, computes the engine's block hashes of the answer (`
 proportional position (``policies/engine_blocks.py::align_blocks``). The pairs are content-addressed
 (same prefix, same hashes on every backend), so what one backend's tokenization teaches serves all.
 A fingerprint whose last block is already mapped is not asked again. A conversation new to this
-replica (the middle of its fingerprint unmapped) is tokenized *before* it is routed, for at most
+replica (the block three quarters into its fingerprint unmapped) is tokenized *before* it is routed, for at most
 ``pre_route_s`` (0.25 s), so that replicas agree on where another replica left it. Until a block is
 mapped, the precise index counts it as not held on an exact backend (docs/kv-events.md).
 """
@@ -53,7 +53,7 @@ class MappingLearner:
         self.skipped = 0
         self.pre_route = 0
         self.pre_route_missed = 0
-        self.pre_route_s = 0.25
+        self.pre_route_s = max((b.kv_events.tokenize_wait_s for b in backends.values() if b.kv_events), default=0.25)
         """The longest a new conversation waits for its tokenization before it is routed anyway."""
 
     def observe(self, backend: str, body: Mapping[str, Any], fp: Fingerprint, rendered_bytes: int) -> None:
@@ -64,11 +64,12 @@ class MappingLearner:
             self._queue.put_nowait((backend, body, fp, rendered_bytes))
 
     async def before_route(self, body: Mapping[str, Any], fp: Fingerprint, rendered_bytes: int) -> None:
-        """A conversation new to this replica (the middle block of its fingerprint unmapped): learn its
+        """A conversation new to this replica (the block three quarters into its fingerprint unmapped): learn its
         blocks before it is routed, waiting at most ``pre_route_s``, so that a replica that never saw it
         still finds where another replica (or a client bypassing the gateway) left it. Once per
         conversation and replica; a later turn's new tail is learned after it completes."""
-        if not fp or self.block_map.get(fp[len(fp) // 2][0]) is not None:
+        # three quarters in: past a shared system prompt, before the few blocks a turn appends
+        if not fp or self.pre_route_s <= 0 or self.block_map.get(fp[len(fp) * 3 // 4][0]) is not None:
             return
         backend = next((b for b in self.backends if self.follower.block_size(b)), None)
         if backend is None:
