@@ -31,6 +31,29 @@ the backend's own route), ``translate`` (post ``/v1/chat/completions`` and trans
 (passthrough when the backend's ``/openapi.json`` lists the route, else translate)."""
 
 
+class KVEventsSource(_Strict):
+    """Where a backend publishes SGLang's KV events (its ``--kv-events-config``): ``docs/kv-events.md``."""
+
+    endpoint: str
+    """The PUB address to connect to, ``tcp://host:port``; DP rank r publishes on ``port + r``."""
+    replay_endpoint: str | None = None
+    """The ROUTER replay address (rank r: ``port + r``); without it a lost message or a restart leaves the
+    backend on the approximate index until the engine clears its cache."""
+    topic: str = ""
+    poll_s: float = Field(1.0, gt=0)
+    """How often the replay endpoint is probed (continuity check; a dead publisher is found within one)."""
+    tokenize_wait_s: float = Field(0.25, ge=0)
+    """The longest a conversation new to this replica waits for the backend's ``/v1/tokenize`` before it
+    is routed anyway (``gateway/kv_learn.py``); 0: never wait (learn after the turn only)."""
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _tcp(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("tcp://"):
+            raise ValueError(f"kv_events endpoints are tcp://host:port, got {v!r}")
+        return v
+
+
 class BackendConfig(_Strict):
     url: str
     name: str | None = None
@@ -59,6 +82,8 @@ class BackendConfig(_Strict):
     """HiCache host-tier tokens per DP rank (SGLang ``--enable-hierarchical-cache``: host memory over the
     KV bytes per token). SGLang does not report it, so admission only counts the tier when it is set here
     (with ``host_load_tokens_per_s``); 0: no host tier."""
+    kv_events: KVEventsSource | None = None
+    """Follow the backend's KV events: its prefix index becomes exact (``policies/kv_view.py``)."""
     host_load_tokens_per_s: float = Field(0.0, ge=0)
     """How fast a host-tier hit is loaded back to the GPU, tokens/s (host-to-GPU bandwidth over the KV
     bytes per token per GPU; ~1.4M on 8×B300 with fp8 KV); 0: no host tier."""

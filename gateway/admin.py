@@ -110,6 +110,7 @@ def state_view(gw: Gateway) -> dict[str, Any]:
         "core": gw.core.snapshot(),
         "backends": backends,
         "waiting": gw.dispatcher.waiting,
+        "kv_events": gw.kv.status() if gw.kv is not None else None,
     }
 
 

@@ -255,6 +255,8 @@ class RequestPath:
             max_output_tokens=req.max_tokens or 0,
             fingerprint=fingerprint,
         )
+        if gw.kv is not None:  # a conversation new to this replica: learn its engine blocks first (bounded)
+            await gw.kv.learner.before_route(req.prompt, fingerprint, rendered)
         trace = current_trace()
         trace.facts(facts.prompt_tokens)
         trace.admission_started()
@@ -322,6 +324,8 @@ class RequestPath:
                 ),
             )
             record.backend = exchange.backend
+            if gw.kv is not None and exchange.ok and not client_left:
+                gw.kv.learner.observe(exchange.backend, req.prompt, fingerprint, rendered)
             if result.first_token_at is not None:
                 record.ttft_s = result.first_token_at - arrived
             status = exchange.error.status if exchange.error else exchange.status

@@ -16,6 +16,7 @@ from gateway.auth import KeyStore
 from gateway.config import Config, TeamConfig
 from gateway.dispatch import Dispatcher
 from gateway.errors import GatewayError
+from gateway.kv_learn import KVView, build_kv_view
 from gateway.metrics import Metrics
 from gateway.overload import Overload
 from gateway.state import MemoryState, RedisState
@@ -52,6 +53,8 @@ class Gateway:
         self.state.on_share = self._share_changed
         self.admin_token = admin_token or os.environ.get(config.admin_token_env) or None
         self.dispatcher = Dispatcher(self.core, state=self.state)
+        self.kv: KVView | None = build_kv_view(self.core, [b for m in config.models.values() for b in m.backends])
+        """The exact cache view (``gateway/kv_learn.py``) when some backend publishes KV events."""
         self.estimator = TokenEstimator()
         self.wire: WireClient | None = None
         self.pool: BackendPool | None = None
@@ -120,10 +123,14 @@ class Gateway:
         self.overload.start()
         await self.state.start()
         await self.pool.start()
+        if self.kv is not None:
+            self.kv.start()
         if self.keys.open:
             log.warning("no API keys configured: the gateway is open to anyone who can reach it")
 
     async def stop(self) -> None:
+        if self.kv is not None:
+            await self.kv.stop()
         if self.pool:
             await self.pool.stop()
         await self.dispatcher.stop()

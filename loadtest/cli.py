@@ -98,6 +98,11 @@ def simulate(
         help="white: the core sees the engines' capacity and loads; blind: nothing but what the gateway "
         "observes (every backend engine: openai, its concurrency limit learned from time to first token).",
     ),
+    cache_view: str = typer.Option(
+        "approximate",
+        help="approximate: the router's index learns from its own dispatches; precise: it follows the engines' "
+        "KV cache events (what SGLang's --kv-events-config publishes).",
+    ),
 ) -> None:
     """Run workloads against policies and engine profiles in virtual time."""
     import orjson
@@ -118,6 +123,8 @@ def simulate(
         faults = Faults(
             cancel_rate=cancel_rate, unhealthy=parse_unhealthy(unhealthy), lease_refusal_rate=lease_refusals
         )
+        if cache_view not in ("approximate", "precise"):
+            raise ValueError(f"--cache-view: approximate or precise, not {cache_view!r}")
         if any(int(name[1:] if name[1:].isdigit() else -1) not in range(backends) for name, _, _ in faults.unhealthy):
             raise ValueError(f"--unhealthy: backends are named b0..b{backends - 1}")
     except (ValueError, ImportError) as exc:
@@ -158,6 +165,7 @@ def simulate(
             max_tokens=max_tokens,
             faults=faults,
             visibility=visibility,
+            cache_view=cache_view,
         )
         for n in levels
     ]

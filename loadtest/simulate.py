@@ -98,6 +98,8 @@ class SimConfig:
     visibility: str = "white"
     """``white``: the core sees the engines' capacity and loads; ``blind``: nothing but what the gateway
     observes (``SimPool(blind=True)``: a limit learned from time to first token)."""
+    cache_view: str = "approximate"
+    """``precise``: the router's index fed by the engines' cache events (``loadtest/sim_kv_view.py``)."""
 
 
 @dataclass(slots=True)
@@ -397,6 +399,10 @@ def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None, core
     core = core or build_core(cfg.policy, cfg.admission, cfg.routing, config)
     factory = engine_factory or default_engine_factory(cfg)
     engines = {f"b{i}": factory() for i in range(cfg.backends)}
+    if cfg.cache_view == "precise":
+        from loadtest.sim_kv_view import attach_precise_view
+
+        attach_precise_view(core, engines)
     workload = make_workload(
         cfg.workload,
         seed=cfg.seed,
@@ -431,6 +437,7 @@ def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None, core
     row["unbounded"] = cfg.unbounded
     row["oracle"] = cfg.oracle
     row["warm_start"] = cfg.warm_start
+    row["cache_view"] = cfg.cache_view
     if cfg.faults.any:
         row["faults"] = sim.fault_counts()
     return row

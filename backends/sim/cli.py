@@ -33,6 +33,14 @@ def sim_backend(
         help="Whose HTTP API to speak: sglang (0.5.23) or vllm (0.33.0: /metrics with vllm: series, "
         "X-data-parallel-rank, vLLM's error envelope, no SGLang-only routes). The engine model is the same.",
     ),
+    kv_events_config: str | None = typer.Option(
+        None,
+        help="SGLang's --kv-events-config JSON, e.g. "
+        '\'{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", '
+        '"topic": "kv-events"}\': '
+        "publish BlockStored/BlockRemoved/AllBlocksCleared over ZMQ as SGLang 0.5.23 does (one port per DP rank; "
+        "needs pyzmq).",
+    ),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
     disaggregation_mode: str = typer.Option(
         "null", help="SGLang's PD role: null, prefill or decode (docs/disaggregation.md; backends/sim/disagg.py)."
@@ -65,8 +73,9 @@ def sim_backend(
             engine=engine,
             disaggregation_mode=disaggregation_mode,
             disaggregation_bootstrap_port=disaggregation_bootstrap_port,
+            kv_events_config=kv_events_config,
         )
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:
         typer.echo(f"cachegate sim-backend: {exc}", err=True)
         raise typer.Exit(code=2) from None
 

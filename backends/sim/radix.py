@@ -14,8 +14,20 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from typing import Protocol
 
 from backends.sim.tokenizer import Block
+
+
+class CacheObserver(Protocol):
+    """Told when a block becomes resident on the GPU, leaves it, or the whole cache is dropped: what
+    SGLang's radix cache records as ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``
+    (``mem_cache/events.py``). The twin publishes these (``backends/sim/kv_publisher.py``); the
+    simulator feeds its precise cache view with them."""
+
+    def stored(self, key: int, parent: int, ntok: int) -> None: ...
+    def removed(self, key: int, ntok: int) -> None: ...
+    def cleared(self) -> None: ...
 
 
 class Node:
@@ -51,6 +63,7 @@ class RadixCache:
         self._tick = 0
         self._gpu_heap: list[tuple[int, int, Node]] = []
         self._host_heap: list[tuple[int, int, Node]] = []
+        self.observer: CacheObserver | None = None
 
     # ---- lookup ---------------------------------------------------------------------------
     def match(self, blocks: Sequence[Block]) -> tuple[int, int]:
@@ -148,6 +161,8 @@ class RadixCache:
         self.evictable_tokens += ntok
         self.epoch += 1
         heapq.heappush(self._gpu_heap, (node.last_access, id(node), node))
+        if self.observer is not None:
+            self.observer.stored(key, parent.key, ntok)
         return node, True
 
     def load_back(self, node: Node) -> None:
@@ -166,6 +181,8 @@ class RadixCache:
         self.epoch += 1
         if node.lock_ref == 0 and node.gpu_children == 0:
             heapq.heappush(self._gpu_heap, (node.last_access, id(node), node))
+        if self.observer is not None:
+            self.observer.stored(node.key, parent.key, node.ntok)
 
     # ---- eviction -------------------------------------------------------------------------
     def evict(self, need: int) -> int:
@@ -197,6 +214,8 @@ class RadixCache:
         self.epoch += 1
         node.on_gpu = False
         parent.gpu_children -= 1
+        if self.observer is not None:
+            self.observer.removed(node.key, node.ntok)
         if self.host_capacity and self._host_room(node.ntok, keep=node):
             self.host_tokens += node.ntok
             if not node.children:
@@ -259,7 +278,11 @@ class RadixCache:
     # ---- maintenance ----------------------------------------------------------------------
     def reset(self) -> None:
         assert self.gpu_tokens == self.evictable_tokens, "reset with locked nodes"
+        observer = self.observer
         self.__init__(self.host_capacity)  # type: ignore[misc]
+        self.observer = observer
+        if observer is not None:
+            observer.cleared()
 
     def check(self) -> None:
         """Recompute every counter from the tree and compare (tests and debugging)."""

@@ -224,6 +224,7 @@ async def flush_cache(request: Request) -> Response:
     t = twin_of_request(request)
     t._catch_up()
     if t.engine.flush_cache():
+        t._dispatch([])  # publish AllBlocksCleared now
         return Response(
             "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
             "waiting requests, the operation will not be performed.)\n",

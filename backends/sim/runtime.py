@@ -141,6 +141,8 @@ class Twin:
         self.metrics: Any = TwinMetrics(model, self._snapshot)
         self.dialect = "sglang"
         """The engine whose HTTP API the twin speaks (``sglang`` or ``vllm``; ``server.create_app`` sets it)."""
+        self.events: Any = None
+        """``backends.sim.kv_publisher.TwinEvents`` when started with a zmq ``kv_events_config``."""
 
     # ---- clock and driver -------------------------------------------------------------------
     def now(self) -> float:
@@ -167,6 +169,9 @@ class Twin:
             self._driver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._driver
+        if self.events is not None:
+            self.events.flush()
+            self.events.shutdown()
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -219,6 +224,8 @@ class Twin:
                 self._on_first(live, ev)
             elif ev.kind == "finished":
                 self._on_finished(live, ev)
+        if self.events is not None:
+            self.events.flush()
 
     def _on_first(self, live: Live, ev: EngineEvent) -> None:
         if live.first_time is None:
@@ -254,14 +261,17 @@ class Twin:
             raise ApiError(f"Duplicate request ID: {rid}")
         now = self._catch_up()
         page = int(getattr(self.profile, "page_size", 1)) or 1
+        final_text = plan.prompt_text + plan.final_text
         req = EngineRequest(
             rid=rid,
             prompt=text_blocks(plan.prompt_text, page),
             output_tokens=plan.output_tokens,
             max_new_tokens=plan.max_new_tokens,
-            final_blocks=text_blocks(plan.prompt_text + plan.final_text, page),
+            final_blocks=text_blocks(final_text, page),
             dp_rank=plan.dp_rank,
         )
+        if self.events is not None:
+            self.events.learn(plan.dp_rank, final_text, req.final_blocks)
         live = Live(
             rid=rid,
             prompt_tokens=plan.prompt_tokens,

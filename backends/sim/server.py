@@ -24,6 +24,7 @@ from backends.sim import routes_messages as messages_routes
 from backends.sim import routes_native as native
 from backends.sim import routes_openai as openai_routes
 from backends.sim import routes_responses as responses_routes
+from backends.sim import routes_tokenize
 from backends.sim import routes_vllm as vllm_routes
 from backends.sim.disagg import disagg_middleware
 from backends.sim.metrics_vllm import VllmMetrics
@@ -103,6 +104,7 @@ def create_app(
     disaggregation_mode: str = "null",
     disaggregation_bootstrap_port: int = 8998,
     host: str = "127.0.0.1",
+    kv_events_config: str | None = None,
 ) -> Starlette:
     """A Starlette app serving one simulated SGLang 0.5.23 server.
 
@@ -116,6 +118,8 @@ def create_app(
     :mod:`backends.sim.routes_vllm`); the engine model behind them is the same.
     ``disaggregation_mode`` ``prefill`` or ``decode``: SGLang's PD roles (:mod:`backends.sim.disagg`;
     a prefill twin's bootstrap server listens on ``host``:``disaggregation_bootstrap_port``).
+    ``kv_events_config``: SGLang's ``--kv-events-config`` JSON; with ``"publisher": "zmq"`` the twin
+    publishes its radix cache's events as SGLang does (:mod:`backends.sim.kv_publisher`, needs pyzmq).
     """
     if routes not in ROUTE_SETS:
         raise ValueError(f"unknown route set {routes!r}; choose one of: {', '.join(ROUTE_SETS)}")
@@ -141,6 +145,14 @@ def create_app(
     twin.dialect = engine
     if engine == "vllm":
         twin.metrics = VllmMetrics(model, twin._snapshot)
+    if kv_events_config:
+        from backends.kv_wire import KVEventsConfig
+
+        cfg = KVEventsConfig.from_cli(kv_events_config)
+        if cfg.publisher == "zmq":
+            from backends.sim.kv_publisher import TwinEvents
+
+            twin.events = TwinEvents(cfg, int(getattr(prof, "page_size", 1)) or 1, twin.engine._ranks)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -198,6 +210,8 @@ def _sglang_table() -> list[Route]:
         Route("/metrics", native.metrics, methods=["GET"]),
         Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
         Route("/abort_request", native.abort_request, methods=["POST"]),
+        Route("/v1/tokenize", routes_tokenize.tokenize, methods=["POST"]),
+        Route("/tokenize", routes_tokenize.tokenize, methods=["POST"]),
         Route("/generate", native.generate, methods=["POST", "PUT"]),
         Route("/v1/models", openai_routes.models, methods=["GET"]),
         Route("/v1/models/{model:path}", openai_routes.model, methods=["GET"]),

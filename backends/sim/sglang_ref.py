@@ -193,3 +193,49 @@ def metric_declarations() -> dict[str, MetricDecl]:
                     buckets = tuple(float(v) for v in vals)
             out.setdefault(name, MetricDecl(name, node.func.id, cls.name, extra, buckets))
     return out
+
+
+@functools.cache
+def load_kv_events() -> types.ModuleType:
+    """``sglang.srt.disaggregation.kv_events`` (the event classes and ``ZmqEventPublisher``), loaded
+    under stub parents: ``sglang.srt.utils.network`` is loaded from its file; ``sglang.srt.runtime_context``
+    (which pulls torch) is a stub whose ``get_parallel`` the classes never call, and so is ``psutil`` when
+    missing (network.py imports it for functions not used here). Needs pyzmq and msgspec."""
+    load_protocol()  # the stub parents
+    root = sglang_root()
+    for pkg, rel in (("sglang.srt.utils", "srt/utils"), ("sglang.srt.disaggregation", "srt/disaggregation")):
+        if pkg not in sys.modules:
+            mod = types.ModuleType(pkg)
+            mod.__path__ = [str(root / rel)]
+            sys.modules[pkg] = mod
+    if "sglang.srt.runtime_context" not in sys.modules:
+        ctx = types.ModuleType("sglang.srt.runtime_context")
+
+        def get_parallel() -> Any:
+            raise RuntimeError("stub: the twin's tests do not run SGLang's scheduler")
+
+        ctx.get_parallel = get_parallel  # type: ignore[attr-defined]
+        sys.modules["sglang.srt.runtime_context"] = ctx
+    stub_psutil = importlib.util.find_spec("psutil") is None
+    if stub_psutil:  # network.py imports it for functions the classes never call; removed again below
+        sys.modules["psutil"] = types.ModuleType("psutil")
+    try:
+        _load_files(
+            root,
+            ("sglang.srt.utils.network", "srt/utils/network.py"),
+            ("sglang.srt.disaggregation.kv_events", "srt/disaggregation/kv_events.py"),
+        )
+    finally:
+        if stub_psutil:
+            sys.modules.pop("psutil", None)
+    return sys.modules["sglang.srt.disaggregation.kv_events"]
+
+
+def _load_files(root: Path, *modules: tuple[str, str]) -> None:
+    for name, rel in modules:
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, root / rel)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
