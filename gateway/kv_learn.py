@@ -27,10 +27,10 @@ import httpx
 
 from backends.config import BackendConfig
 from backends.kv_events import MISSING_ZMQ, KVEventsFollower, RankSubscriber, zmq_available
+from policies.core import DecisionCore
 from policies.engine_blocks import align_blocks, token_block_hashes
 from policies.kv_view import BlockMap, PreciseIndex
 from policies.prefix import BLOCK_BYTES
-from policies.prefix_index import PrefixIndex
 from policies.types import Fingerprint
 
 log = logging.getLogger("cachegate.kv_events")
@@ -170,7 +170,7 @@ class KVView:
         }
 
 
-def build_kv_view(core: Any, backends: list[BackendConfig]) -> KVView | None:
+def build_kv_view(core: DecisionCore, backends: list[BackendConfig]) -> KVView | None:
     """The worker's ``KVView`` when some backend has ``kv_events`` (None otherwise, or without pyzmq: said)."""
     publishing = [b for b in backends if b.kv_events is not None]
     if not publishing:
@@ -181,13 +181,12 @@ def build_kv_view(core: Any, backends: list[BackendConfig]) -> KVView | None:
             "backends %s are configured with kv_events but %s: their prefix index stays approximate", names, MISSING_ZMQ
         )
         return None
-    router = getattr(core, "router", None)
-    index = getattr(router, "index", None)
-    if not isinstance(index, PrefixIndex):
-        log.error("kv_events on %s: the router %s keeps no prefix index; events are not followed", names, router)
+    swapped = core.router.swap_index(lambda index: PreciseIndex(index.default_capacity, BlockMap()))
+    if not isinstance(swapped, PreciseIndex):
+        name = core.router.name
+        log.error("kv_events on %s: the router %s keeps no prefix index; events are not followed", names, name)
         return None
-    precise = PreciseIndex(index.default_capacity, BlockMap())
-    router.index = precise  # type: ignore[union-attr]
+    precise = swapped
     subscribers = []
     for b in publishing:
         assert b.kv_events is not None and b.name is not None

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from policies.kv_view import BlockMap, EngineMirror, Message, PreciseIndex
-from policies.prefix_index import PrefixIndex
 
 CACHE_VIEWS = ("approximate", "precise")
 
@@ -43,13 +42,10 @@ class _Feed:
 
 def attach_precise_view(core: Any, engines: dict[str, Any]) -> PreciseIndex:
     """Replace the router's ``PrefixIndex`` by a ``PreciseIndex`` fed by ``engines``' caches."""
-    router = getattr(core, "router", None)
-    index = getattr(router, "index", None)
-    if not isinstance(index, PrefixIndex):
-        name = getattr(router, "name", type(router).__name__)
+    precise = core.router.swap_index(lambda index: PreciseIndex(index.default_capacity, BlockMap(identity=True)))
+    if not isinstance(precise, PreciseIndex):
+        name = core.router.name
         raise ValueError(f"--cache-view precise needs a router with a prefix index (min-ttft), not {name}")
-    precise = PreciseIndex(index.default_capacity, BlockMap(identity=True))
-    router.index = precise
     for name, engine in engines.items():
         ranks = engine._ranks
         for i, rank in enumerate(ranks):

@@ -52,6 +52,8 @@ class DecisionCore(ABC):
     name: str
     hooks: ClassVar[frozenset[Hook]] = frozenset()
     """The optional hooks this core implements; the others are the no-op defaults below."""
+    router: Router
+    """Where a dispatched request goes (policies/routing.py)."""
     teams: Mapping[str, TeamState] = MappingProxyType({})
     """Counters of the teams this core has seen (empty: the core keeps no team state)."""
     limits: Mapping[str, TeamLimits] = MappingProxyType({})

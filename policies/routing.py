@@ -7,15 +7,16 @@ it learns in memory, and never does I/O. The live gateway and the simulator call
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar, Literal
 
+from policies.prefix_index import PrefixIndex
 from policies.types import BackendView, Dispatch, Outcome, RequestFacts
 
-RouterHook = Literal["dispatched", "first_token", "finished", "matched_tokens"]
+RouterHook = Literal["dispatched", "first_token", "finished", "matched_tokens", "swap_index"]
 """The optional hooks of ``Router`` (each has a no-op default)."""
 
-ROUTER_HOOKS: tuple[RouterHook, ...] = ("dispatched", "first_token", "finished", "matched_tokens")
+ROUTER_HOOKS: tuple[RouterHook, ...] = ("dispatched", "first_token", "finished", "matched_tokens", "swap_index")
 
 
 class Router(ABC):
@@ -45,6 +46,11 @@ class Router(ABC):
     def matched_tokens(self, req: RequestFacts, backend: str, rank: int | None) -> int | None:
         """Tokens of ``req``'s prompt this router believes ``backend`` (``rank``) holds; None when the
         router keeps no prefix index. Admission asks it for a turn that goes to its seat unrouted."""
+        return None
+
+    def swap_index(self, make: Callable[[PrefixIndex], PrefixIndex]) -> PrefixIndex | None:
+        """Replace the router's prefix index by ``make(index)`` and return the new one (the exact
+        cache view, policies/kv_view.py); None when the router keeps no prefix index."""
         return None
 
 

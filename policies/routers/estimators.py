@@ -5,7 +5,7 @@ passed in; each class gives its formula, parameters and defaults."""
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from operator import itemgetter
 
@@ -208,3 +208,20 @@ class RecentMax:
         while len(points) > 1 and points[0][0] < horizon:
             points.popleft()
         return max(self.value, points[0][1]) if points else self.value
+
+
+@dataclass(slots=True)
+class SlotState:
+    """What ``min-ttft`` (policies/routers/min_ttft.py) counts per (backend, rank)."""
+
+    pending_recent: RecentMax
+    inflight_recent: RecentMax
+    """Its backend's counters in ``MinTTFT._pending_recent`` / ``_inflight_recent`` (shared by its
+    ranks): held here so that each event counts without looking them up."""
+    busy_until: float = 0.0
+    """When this rank's prefill queue (as this router counted it) should be empty."""
+    pending_s: float = 0.0
+    pending: set[str] = field(default_factory=set)
+    """Requests dispatched here that have no first token yet."""
+    inflight: int = 0
+    """Requests dispatched here that have not finished (``base.Inflight.count``, kept with the entries)."""

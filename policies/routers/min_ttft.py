@@ -3,32 +3,17 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.prefix_index import PrefixIndex, cumulative_tokens
 from policies.routers.base import Rendezvous, make_dispatch, slot_label, slots_of, stable_hash
 from policies.routers.estimators import CommonBlocks as CommonBlocks
-from policies.routers.estimators import Footprint, RecentMax
+from policies.routers.estimators import Footprint, RecentMax, SlotState
 from policies.routers.estimators import PrefillModel as PrefillModel
 from policies.routing import Router, RouterHook
 from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts, Slot
-
-
-@dataclass(slots=True)
-class _SlotState:
-    pending_recent: RecentMax
-    inflight_recent: RecentMax
-    """Its backend's counters in ``MinTTFT._pending_recent`` / ``_inflight_recent`` (shared by its
-    ranks): held here so that each event counts without looking them up."""
-    busy_until: float = 0.0
-    """When this rank's prefill queue (as this router counted it) should be empty."""
-    pending_s: float = 0.0
-    pending: set[str] = field(default_factory=set)
-    """Requests dispatched here that have no first token yet."""
-    inflight: int = 0
-    """Requests dispatched here that have not finished (``base.Inflight.count``, kept with the entries)."""
 
 
 @dataclass(slots=True)
@@ -40,7 +25,7 @@ class _Entry:
     prefill_s: float
     wait_s: float
     dispatched_at: float
-    state: _SlotState
+    state: SlotState
     """``MinTTFT._slots[slot]`` (never removed), so that the events after dispatch need no lookup."""
     ttft: float | None = None
 
@@ -108,7 +93,9 @@ class MinTTFT(Router):
     """
 
     name = "min-ttft"
-    hooks: ClassVar[frozenset[RouterHook]] = frozenset({"dispatched", "first_token", "finished", "matched_tokens"})
+    hooks: ClassVar[frozenset[RouterHook]] = frozenset(
+        {"dispatched", "first_token", "finished", "matched_tokens", "swap_index"}
+    )
 
     def __init__(
         self,
@@ -149,7 +136,7 @@ class MinTTFT(Router):
         self.speed: dict[str, float] = {}
         self._rng = random.Random(seed)
         self._rendezvous = Rendezvous()
-        self._slots: dict[Slot, _SlotState] = {}
+        self._slots: dict[Slot, SlotState] = {}
         self._entries: dict[str, _Entry] = {}
         self._inflight_recent: dict[str, RecentMax] = {}
         self._pending_recent: dict[str, RecentMax] = {}
@@ -160,11 +147,11 @@ class MinTTFT(Router):
         """The last fingerprint's ``cumulative_tokens``: admission's ``matched_tokens``, ``route`` and
         ``dispatched`` ask for the same request's one after another."""
 
-    def _state(self, slot: Slot) -> _SlotState:
+    def _state(self, slot: Slot) -> SlotState:
         st = self._slots.get(slot)
         if st is None:
             backend = slot[0]
-            st = self._slots[slot] = _SlotState(
+            st = self._slots[slot] = SlotState(
                 self._recent(self._pending_recent, backend), self._recent(self._inflight_recent, backend)
             )
         return st
@@ -314,6 +301,10 @@ class MinTTFT(Router):
         fp = req.fingerprint
         last, cum = self._cum_of
         return self.index.matched_tokens((backend, rank), fp, cum if fp is last else self._cum(fp))
+
+    def swap_index(self, make: Callable[[PrefixIndex], PrefixIndex]) -> PrefixIndex:
+        self.index = make(self.index)
+        return self.index
 
     def dispatched(self, req: RequestFacts, decision: Dispatch, now: float) -> None:
         backend = decision.backend

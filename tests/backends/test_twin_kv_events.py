@@ -178,9 +178,13 @@ def test_one_port_per_dp_rank() -> None:
             base = free_port()
     ctx = zmq.Context.instance()
     subs = [_sub(ctx, base), _sub(ctx, base + 1)]
+    got: list[list[list[bytes]]] = [[], []]
     with run_twin(prof, time_scale=0.05, kv_events_config=_config(base)) as url:
-        time.sleep(0.3)
-        for i in range(4):
+        # A SUB socket joins late (ZMQ drops what was published before it connected): keep sending
+        # a turn to each rank until each subscriber has heard its own rank, for at most 20 s.
+        deadline = time.monotonic() + 20
+        i = 0
+        while not all(got) and time.monotonic() < deadline:
             body = {
                 "model": "m",
                 "messages": [{"role": "user", "content": f"rank test {i} " + "z" * 400}],
@@ -188,7 +192,9 @@ def test_one_port_per_dp_rank() -> None:
                 "routed_dp_rank": i % 2,
             }
             assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code == 200
-        got = [_recv_all(s, 5.0) for s in subs]
+            i += 1
+            for rank, sub in enumerate(subs):
+                got[rank] += _recv_all(sub, 0.3)
     for s in subs:
         s.close(linger=0)
     for rank, msgs in enumerate(got):
