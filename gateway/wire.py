@@ -173,9 +173,8 @@ class WireResponse(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if self.done:
                 self.reusable = False  # whatever followed a complete response
-            elif self.error is None:  # a callback's own reason is kept; else llhttp's
-                cause = exc.__context__ if isinstance(exc.__context__, UpstreamMalformed) else None
-                self.error = cause or UpstreamMalformed(f"malformed response from upstream: {exc}")
+            elif self.error is None:  # (a callback that stopped the parser set its own reason)
+                self.error = UpstreamMalformed(f"malformed response from upstream: {exc}")
         if not self.head_done and self.error is None:
             self.head_size += len(data)
             if self.head_size > HEAD_LIMIT:
@@ -187,9 +186,12 @@ class WireResponse(asyncio.Protocol):
         out = self.out
         if out and fresh and self.direct is not None and self.error is None:
             body = out[0] if len(out) == 1 else b"".join(out)
-            # A read that was exactly one chunk frame (it began at a chunk's start, ``fresh``) goes
-            # to the relay with its frame, which it may forward as it came.
-            one = len(out) == 1 and self.head_done and len(data) == len(body) + len(b"%x" % len(body)) + 4
+            # A read that is exactly one canonical chunk frame goes to the relay with that frame,
+            # which it may forward as it came (the length check first: it rules out most reads).
+            hexlen = b"%x" % len(body)
+            one = (
+                len(out) == 1 and len(data) == len(body) + len(hexlen) + 4 and data == b"%s\r\n%s\r\n" % (hexlen, body)
+            )
             if self.direct(data if one else b"", body):
                 out.clear()
                 self.pending = 0

@@ -203,6 +203,23 @@ class _Client:
     idle_s = 5.0
 
 
+def test_the_relay_gets_the_upstream_frame_only_when_a_read_is_exactly_one_frame() -> None:
+    """A read may end a chunk begun in the last read and carry the next chunk's size line in a frame's
+    length: the relay must frame that data itself, not forward the read as a frame."""
+    loop = asyncio.new_event_loop()
+    try:
+        conn = WireResponse(_Client(), ("http", "x", 80), loop)  # type: ignore[arg-type]
+        seen: list[tuple[bytes, bytes]] = []
+        conn.direct = lambda frame, body: seen.append((frame, body)) is None
+        conn.data_received(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\n")
+        conn.data_received(b"hello\r\n3\r\n")  # 10 bytes: as long as the frame "5\r\nhello\r\n"
+        conn.data_received(b"abc\r\n")
+        conn.data_received(b"4\r\nwxyz\r\n")  # a whole frame: forwarded as it came
+        assert seen == [(b"", b"hello"), (b"", b"abc"), (b"4\r\nwxyz\r\n", b"wxyz")]
+    finally:
+        loop.close()
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     data=st.binary(max_size=200),
