@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 from starlette.types import Send
@@ -123,10 +123,11 @@ class Upstream:
             backend = self.pool.get(req.model, decision.backend)
             exchange.backend = backend.name
             exchange.reached_backend = True  # until the attempt proves otherwise
+            one = self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
             if backend.limiter is None:
-                end = await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+                end = await one
             else:  # an endpoint without signals: its latency teaches its concurrency limit
-                end = await self._learning(rid, req, surface, decision, backend, send, trace, exchange)
+                end = await self._learning(one, req, backend, exchange)
             if end == "refused":
                 exchange.reached_backend = False
             if end != "unreached":
@@ -145,22 +146,14 @@ class Upstream:
         return exchange
 
     async def _learning(
-        self,
-        rid: str,
-        req: ClientRequest,
-        surface: Surface,
-        decision: Dispatch,
-        backend: Backend,
-        send: Send,
-        trace: RequestTrace,
-        exchange: Exchange,
+        self, attempt: Coroutine[Any, Any, AttemptEnd], req: ClientRequest, backend: Backend, exchange: Exchange
     ) -> AttemptEnd:
-        """``_attempt``, counting the backend's requests in flight and giving the pool the streamed
-        answer's time to first token (``BackendPool.observe_latency``)."""
+        """Await ``attempt`` (one ``_attempt``), counting the backend's requests in flight and giving
+        the pool the streamed answer's time to first token (``BackendPool.observe_latency``)."""
         backend.inflight += 1
         inflight, sent = backend.inflight, time.monotonic()
         try:
-            return await self._attempt(rid, req, surface, decision, backend, send, trace, exchange)
+            return await attempt
         finally:
             backend.inflight -= 1
             result = exchange.result
