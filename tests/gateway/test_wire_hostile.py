@@ -10,7 +10,6 @@ Then the operator's side: the malformed answers are counted, logged, and their c
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -105,7 +104,7 @@ def test_a_byte_on_an_idle_pooled_connection_closes_it(gateway: Running, upstrea
             assert answer.body == expected(False, f"pooled {i}")
 
 
-def test_the_hostile_upstream_answers_valid_requests_itself(upstream: HostileUpstream, tmp_path: Path) -> None:
+def test_the_hostile_upstream_answers_valid_requests_itself(upstream: HostileUpstream) -> None:
     """The harness's own valid answer is what ``expected`` says (so the checks above mean something)."""
     response = httpx.post(
         upstream.url + "/v1/chat/completions",
