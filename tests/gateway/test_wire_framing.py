@@ -253,3 +253,69 @@ def test_any_bytes_end_in_a_bounded_answer_or_an_error(data: bytes, head: bytes,
             assert not conn.reusable
     finally:
         loop.close()
+
+
+_FRAMEISH = st.one_of(
+    st.binary(min_size=1, max_size=40),
+    st.binary(min_size=1, max_size=20).map(lambda b: b"%x\r\n%s\r\n" % (len(b), b)),  # data that looks framed
+    st.just(b"data: {}\n\n"),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    chunks=st.lists(_FRAMEISH, min_size=1, max_size=12),
+    cuts=st.lists(st.integers(1, 30), min_size=1, max_size=40),
+    upper=st.booleans(),
+)
+def test_the_relays_shortcut_gives_exactly_what_llhttp_gives(chunks: list[bytes], cuts: list[int], upper: bool) -> None:
+    """Reads that skip llhttp (one canonical frame at a chunk boundary, ``direct`` set) deliver the
+    same bytes, in the same order, with the same end, as feeding every read to llhttp."""
+    size = (lambda n: b"%X" % n) if upper else (lambda n: b"%x" % n)
+    body = b"".join(size(len(c)) + b"\r\n" + c + b"\r\n" for c in chunks) + b"0\r\n\r\n"
+    wire_bytes = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + body
+    reads, pos, k = [], 0, 0
+    while pos < len(wire_bytes):  # reads cut at the given sizes, and at every frame's end in turn
+        step = cuts[k % len(cuts)]
+        reads.append(wire_bytes[pos : pos + step])
+        pos, k = pos + step, k + 1
+
+    def run(shortcut: bool, pieces: list[bytes]) -> tuple[bytes, bool, bool]:
+        loop = asyncio.new_event_loop()
+        try:
+            conn = WireResponse(_Client(), ("http", "x", 80), loop)  # type: ignore[arg-type]
+            got: list[bytes] = []
+            if shortcut:
+                conn.direct = lambda frame, data: got.append(data) is None
+            for piece in pieces:
+                conn.data_received(piece)
+                got += conn.out
+                conn.out.clear()
+            return b"".join(got), conn.done, conn.error is not None
+        finally:
+            loop.close()
+
+    framed = [wire_bytes[: wire_bytes.index(b"\r\n\r\n") + 4]]
+    framed += [size(len(c)) + b"\r\n" + c + b"\r\n" for c in chunks] + [b"0\r\n\r\n"]
+    expected = (b"".join(chunks), True, False)
+    for pieces in (reads, framed):
+        assert run(False, pieces) == expected
+        assert run(True, pieces) == expected
+
+
+def test_a_size_line_cut_in_two_is_not_taken_for_a_frame() -> None:
+    """A read ending in the first digit of a size line ("1" of "1a") leaves llhttp mid-line: the next
+    read, though shaped like a whole 10-byte frame ("a\\r\\n...\\r\\n"), is the start of a 26-byte chunk."""
+    data = b"0123456789\r\n" + b"z" * 14  # 26 bytes, the first 12 of them frame-shaped after "a\r\n"
+    loop = asyncio.new_event_loop()
+    try:
+        conn = WireResponse(_Client(), ("http", "x", 80), loop)  # type: ignore[arg-type]
+        got: list[bytes] = []
+        conn.direct = lambda frame, body: got.append(body) is None
+        conn.data_received(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nabcd\r\n1")
+        conn.data_received(b"a\r\n" + data[:12])
+        conn.data_received(data[12:] + b"\r\n0\r\n\r\n")
+        got += conn.out
+        assert b"".join(got) == b"abcd" + data and conn.done and conn.error is None
+    finally:
+        loop.close()
