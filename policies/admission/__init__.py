@@ -8,9 +8,17 @@ Seats
 A conversation admitted to a backend (a DP rank of it) holds a **seat** there. The seat reserves
 the conversation's KV: ``need = prompt_tokens + min(max_output_tokens or default_output, output_clip)``,
 kept through the think pause between turns, so the conversation's next turn goes straight through
-and finds its prefix still cached. A backend (rank) with capacity ``C`` (``max_total_num_tokens``)
-grants a new seat only while ``Σ seats + need ≤ admit_water · C``. Seated conversations grow turn
-by turn into the gap up to ``high_water · C``; a turn that would pass it first releases idle seats
+and finds its prefix still cached. Prompt blocks that seats on one slot share (a system prompt, a
+tenant's instructions) can be reserved once there, as the engine's radix cache holds them once
+(``shared_blocks``, ``blocks.py``: a new seat needs only what the slot's seats do not already hold), and a
+turn that continues no known conversation can hold its seat only while it runs (``release_first_turns``,
+``anchors.py``). Both are for many one-shot requests over shared prefixes and off by default: the marks
+below were set with each seat counting its whole prompt, and coding conversations lose throughput with
+either on (docs/benchmarks.md, "Shared prefixes and one-shot turns").
+
+A backend (rank) with capacity ``C`` (``max_total_num_tokens``) grants a new seat only while
+``Σ seats + need ≤ admit_water · C``. Seated conversations grow turn by turn into the gap up to
+``high_water · C``; a turn that would pass it first releases idle seats
 there (held at least ``min_hold_s``); if none may go it still goes while the pool is not full, and
 waits otherwise (at most its patience). The gap between the two marks is what lets conversations grow
 without a swap on every turn: most seats end with their conversation.
@@ -129,7 +137,8 @@ Figures behind these choices: docs/benchmarks.md.
 
 Modules, one job each: ``params.py`` (``SeatParams``), ``records.py`` (seats, waiters, running
 dispatches), ``limits.py`` (team caps, queue bounds, token rates at the door), ``sizing.py`` (seat
-budgets per slot, every tier: GPU pool, host tier, running cap), ``order.py`` (fair order, placement
+budgets per slot, every tier: GPU pool, host tier, running cap), ``blocks.py`` (shared prompt blocks counted
+once per slot), ``anchors.py`` (conversations known by anchor; first turns), ``order.py`` (fair order, placement
 and victim selection), ``core.py`` (``SeatedAdmission``: the events, wiring the above).
 """
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
+from policies.admission.anchors import Anchoring
 from policies.admission.limits import TeamGate
 from policies.admission.order import FairOrder
 from policies.admission.params import SeatParams
@@ -18,7 +20,7 @@ from policies.teams import UNLIMITED, TeamLimits, TeamState, teams_from_config
 from policies.types import BackendView, Decision, Dispatch, Outcome, Refuse, RequestFacts, Slot, new_dispatch
 
 
-class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
+class SeatedAdmission(TeamGate, FairOrder, Anchoring, DecisionCore):
     """The ``gateway`` decision core: team limits, fair queue, seats (``policies/admission/__init__.py``
     gives the reasoning).
 
@@ -62,7 +64,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
         self.seat_counts: dict[Slot, int] = {}
         self._views_changed()  # the views' index (none yet)
         self.reserved: dict[Slot, int] = {}
-        self.anchors: dict[int, str] = {}
+        self.blocks, self.anchors, self._loose = {}, {}, deque()
         self.waiting: dict[str, Waiter] = {}
         self.running: dict[str, Running] = {}
         self._seq = itertools.count()
@@ -180,6 +182,10 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                 self._recent[w.key] = (seat.tokens, now)
             if seat.one_shot or ((not outcome.reached_backend or outcome.refused) and seat.busy == 0):
                 self._release(seat)
+            elif (
+                self.params.release_first_turns and seat.busy == 0 and seat.key == f"rid:{rid}"
+            ):  # the first turn of no known conversation
+                self._release_first_turn(seat, now)
         self.router.finished(rid, run.slot[0], outcome, now)
         return self._schedule(now) if self.waiting else []  # _schedule does nothing without waiters
 
@@ -248,6 +254,7 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
                 )
         if decisions:
             self._idle_floor = -math.inf  # refused waiters' seats are idle now, with an older last_active
+        self._expire_anchors(now)
         # Skip the scan while even the longest-idle seat is under the lowest threshold (exact: same releases).
         if now - self._idle_floor > min(self.params.idle_release_s, self.params.full_idle_release_s):
             queued = {w.key for w in self.waiting.values()}
@@ -293,16 +300,14 @@ class SeatedAdmission(TeamGate, FairOrder, DecisionCore):
             self.seat_counts[slot] = self.seat_counts.get(slot, 0) + 1
         held, need = seat.tokens, w.need  # self._reserve(seat, max(held, need)), without the calls:
         tokens = seat.tokens = need if need > held else held
+        fp = req.fingerprint
+        if self.params.shared_blocks and (fp or seat.fp):
+            tokens -= self._hold_blocks(seat, fp)
         self.reserved[slot] = self.reserved.get(slot, 0) - held + tokens
         seat.busy += 1
         seat.last_active = now
-        fp = req.fingerprint
         if fp and not req.conversation:
-            anchor = fp[-2 if len(fp) > 1 else -1][0]
-            if seat.anchor is not None and seat.anchor != anchor:
-                self.anchors.pop(seat.anchor, None)
-            seat.anchor = anchor
-            self.anchors[anchor] = w.key
+            self._anchor(seat, fp)
         p = self.params
         charged = p.input_weight * req.prompt_tokens + p.output_weight * (w.need - req.prompt_tokens)
         team.charge(charged)

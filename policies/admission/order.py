@@ -81,7 +81,7 @@ class FairOrder(SeatSizing):
             slot
             for slot, cap in self._slots(w.req.model, w.req.exclude)
             if slot != avoid
-            and self._fits(w.need, slot, cap)
+            and self._fits(w.need - self._held(w, slot), slot, cap)
             and can_hold(w.req.prompt_tokens, cap, self.params.high_water)
         }
         if not fitting:
@@ -130,7 +130,7 @@ class FairOrder(SeatSizing):
             if slot in free
             and (free[slot] == 0 or busy.get(slot, 0) + free[slot] <= self._running_cap(slot))
             and (free[slot] == 0 or lent.get(slot, 0) < p.lend_max)
-            and self.reserved.get(slot, 0) + min(w.need, self._budget(cap)) <= self._budget(cap)
+            and self.reserved.get(slot, 0) + min(w.need - self._held(w, slot), self._budget(cap)) <= self._budget(cap)
             and can_hold(w.req.prompt_tokens, cap, p.high_water)
         ]
         if not room:
@@ -186,7 +186,7 @@ class FairOrder(SeatSizing):
             if not seat.busy and seat.key != w.key and seat.key not in queued:
                 idle.setdefault(seat.slot, []).append(seat)
         for candidate, cap in slots:
-            need = w.need if extra is None else extra
+            need = w.need - self._held(w, candidate) if extra is None else extra
             budget = self._budget(cap, growth=extra is not None)
             used = self.reserved.get(candidate, 0)
             # rotate_by "lend": where only the running cap keeps w out, the quantum lends (``_lend``), not evicts
@@ -211,10 +211,11 @@ class FairOrder(SeatSizing):
             seats = self._seats_on(candidate) if extra is None else -1
             limit = self._seat_limit(candidate)
             chosen: list[Seat] = []
+            blocks = self.blocks.get(candidate)
             for seat in victims:
                 if used + min(need, budget) <= budget and seats < limit:
                     break
-                used -= seat.tokens
+                used -= seat.tokens - (blocks.shared_of(seat.fp) if blocks is not None and seat.fp else 0)
                 seats -= 1
                 chosen.append(seat)
             fits = used + min(need, budget) <= budget and seats < limit

@@ -24,7 +24,8 @@ class SeatParams:
     ``rotate_by`` "lend", ``min_hold_s`` 20, ``idle_release_s`` 30, ``default_output`` 1024, ``output_clip`` 4096,
     ``input_weight`` 1, ``output_weight`` 1, ``host_water`` 1.0, ``swap_overhead`` 0.01,
     ``running_overbook`` 1.2, ``full_idle_release_s`` 10, ``lend_free`` 0 (off), ``lend_max`` 1,
-    ``lend_cached`` 0.5, ``wait_lead_s`` 42, ``cap_patience_s`` 15, ``cap_queue_s`` 30, ``kv_overbook`` 1.1.
+    ``lend_cached`` 0.5, ``wait_lead_s`` 42, ``cap_patience_s`` 15, ``cap_queue_s`` 30, ``kv_overbook`` 1.1,
+    ``shared_blocks`` off, ``release_first_turns`` off (both on for many one-shot requests over shared prefixes).
     A waiter is overdue after its team's ``max_wait_s − wait_lead_s``; where only the running cap keeps it out
     it takes a free running slot after ``cap_patience_s`` and joins the engine's queue after ``cap_queue_s``.
     """
@@ -71,6 +72,17 @@ class SeatParams:
     cap_patience_s: float = 15.0
     """Where only the running cap (not the KV) keeps a waiter out, it takes a free running slot on a rank after
     this long, one turn, even where seated turns would take it (``rotate_by`` "lend")."""
+    shared_blocks: bool = False
+    """Reserve the prompt blocks that seats on one slot share once (``blocks.py``), as the engine's radix cache
+    holds them. On for many short requests over shared prefixes (150 tenants × 6k-token prompts: the seats then
+    fit what the engine holds, and routing keeps its hit rate); off by default, because the water marks and
+    ``kv_overbook`` were set with each seat counting its whole prompt, and long coding conversations at and
+    past the pool lose throughput with it on (docs/benchmarks.md, "Shared prefixes and one-shot turns")."""
+    release_first_turns: bool = False
+    """A turn that continues no known conversation gives up its seat when it ends (``anchors.py``; its anchor
+    stays ``idle_release_s`` for a second turn). On for one-shot traffic (150 tenants at 12 requests/s held
+    idle seats for ``idle_release_s`` and waited minutes for a seat); off by default, because a coding
+    conversation's second turn then waits for a new seat under pressure."""
     cap_queue_s: float = 30.0
     """... and after this long it joins the engine's own queue on the rank the router chooses (its prefix's),
     no free slot needed: nothing is evicted, only a place in a queue is taken."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from policies.teams import TeamState
-from policies.types import BackendView, RequestFacts, Slot
+from policies.types import BackendView, Fingerprint, RequestFacts, Slot
 
 
 @dataclass(slots=True)
@@ -22,6 +22,8 @@ class Seat:
     busy: int = 0
     anchor: int | None = None
     one_shot: bool = False
+    fp: Fingerprint = ()
+    """The prompt blocks this seat holds on its slot (``blocks.py``: shared ones are reserved once)."""
 
 
 @dataclass(slots=True)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 
+from policies.admission.blocks import SlotBlocks
 from policies.admission.params import SeatParams
 from policies.admission.records import ModelViews, Seat, Waiter
-from policies.types import BackendView, RequestFacts, Slot
+from policies.types import BackendView, Fingerprint, RequestFacts, Slot
 
 
 class SeatSizing:
@@ -27,6 +28,8 @@ class SeatSizing:
     seat_counts: dict[Slot, int]
     """Seats by slot (kept with ``seats``: counting them per question was a scan over every seat)."""
     reserved: dict[Slot, int]
+    """Tokens reserved per slot: every seat's, with the prompt blocks seats share counted once (``blocks.py``)."""
+    blocks: dict[Slot, SlotBlocks]
     anchors: dict[int, str]
     waiting: dict[str, Waiter]
     _by_name: dict[str, BackendView]
@@ -128,6 +131,19 @@ class SeatSizing:
         if demand <= p.kv_overbook * capacity * self.share:
             self._kv_factor = p.kv_overbook
 
+    def _hold_blocks(self, seat: Seat, fp: Fingerprint) -> int:
+        """``seat`` now holds ``fp``'s blocks instead of its earlier prompt's; the change in what other seats
+        share with it (what its tokens do not add to its slot's reservation)."""
+        blocks = self.blocks.get(seat.slot) or self.blocks.setdefault(seat.slot, SlotBlocks())
+        shared = blocks.add(fp) - blocks.remove(seat.fp)
+        seat.fp = fp
+        return shared
+
+    def _held(self, w: Waiter, slot: Slot) -> int:
+        """Tokens of ``w``'s prompt that seats on ``slot`` already hold (a shared prefix: no new KV there)."""
+        blocks = self.blocks.get(slot) if self.params.shared_blocks else None
+        return blocks.held_prefix(w.req.fingerprint) if blocks is not None and w.req.fingerprint else 0
+
     def _fits(self, need: int, slot: Slot, capacity: int) -> bool:
         budget = self._budget(capacity)
         used = self.reserved.get(slot, 0)
@@ -170,7 +186,13 @@ class SeatSizing:
         if self.seats.get(seat.key) is seat:
             del self.seats[seat.key]
             self.seat_counts[seat.slot] -= 1
-        self.reserved[seat.slot] = self.reserved.get(seat.slot, 0) - seat.tokens
+        freed = seat.tokens
+        if seat.fp:
+            blocks = self.blocks.get(seat.slot)
+            if blocks is not None:
+                freed -= blocks.remove(seat.fp)
+            seat.fp = ()
+        self.reserved[seat.slot] = self.reserved.get(seat.slot, 0) - freed
         if seat.anchor is not None and self.anchors.get(seat.anchor) == seat.key:
             del self.anchors[seat.anchor]
 
