@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import ssl
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -76,6 +78,9 @@ class BackendConfig(_Strict):
     """Name of an environment variable holding the upstream key (preferred over ``api_key``). The key
     goes in the upstream request's ``Authorization`` header and nowhere else: never logged, never in
     metrics, traces or error bodies."""
+    tls_ca_file: str | None = None
+    """For an ``https://`` backend: a PEM file of the certificate authorities its certificate is verified
+    against, instead of the system's trust store (a private CA); the host name is always checked."""
     surfaces: dict[SurfaceName, SurfaceMode] = Field(default_factory=dict)
     """Per surface, overrides the model's ``surfaces`` (e.g. ``{responses: passthrough}``)."""
     host_tier_tokens: int = Field(0, ge=0)
@@ -109,6 +114,14 @@ class BackendConfig(_Strict):
             raise ValueError(f"backend {self.url}: role prefill needs bootstrap_port (SGLang's default is 8998)")
         if self.bootstrap_port is not None and self.role != "prefill":
             raise ValueError(f"backend {self.url}: bootstrap_port is for role: prefill backends only")
+        if self.tls_ca_file is not None:
+            if not self.url.startswith("https://"):
+                raise ValueError(f"backend {self.url}: tls_ca_file is for https:// backends only")
+            try:
+                ssl.create_default_context(cafile=self.tls_ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                msg = f"backend {self.url}: tls_ca_file {self.tls_ca_file!r}: not a PEM CA file ({exc})"
+                raise ValueError(msg) from None
         if not self.name:
             self.name = self.url.split("://", 1)[1].split("/", 1)[0]
         return self
@@ -141,6 +154,18 @@ class ModelConfig(_Strict):
     @property
     def disaggregated(self) -> bool:
         return any(b.role is not None for b in self.backends)
+
+
+def tls_trust(models: Iterable[ModelConfig]) -> dict[tuple[str, int], str]:
+    """(host, port) → ``tls_ca_file`` of every ``https://`` backend that names one (the upstream client's
+    ``trust``)."""
+    out: dict[tuple[str, int], str] = {}
+    for model in models:
+        for b in model.backends:
+            if b.tls_ca_file is not None:
+                parts = urlsplit(b.url)
+                out[(parts.hostname or "", parts.port or 443)] = b.tls_ca_file
+    return out
 
 
 def pd_backends(prefill: list[str], decode: list[str]) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import ssl
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,14 +40,23 @@ class WireClient:
     """Keep-alive connections per upstream, a connection budget, httpx's timeouts and exceptions."""
 
     def __init__(
-        self, connect_timeout_s: float, idle_s: float, keepalive_expiry_s: float, max_connections: int
+        self,
+        connect_timeout_s: float,
+        idle_s: float,
+        keepalive_expiry_s: float,
+        max_connections: int,
+        trust: Mapping[tuple[str, int], str] | None = None,
     ) -> None:
+        """``trust``: (host, port) → a PEM file of the CAs that upstream's certificate is verified against
+        (a backend's ``tls_ca_file``); every other ``https://`` upstream against the system's trust store."""
         self.connect_timeout_s, self.idle_s = connect_timeout_s, idle_s
         self.keepalive_expiry_s, self.max_connections = keepalive_expiry_s, max_connections
         self.idle: dict[tuple[str, str, int], deque[tuple[float, asyncio.Transport, WireResponse]]] = {}
         self.open = 0
         self._freed: deque[asyncio.Future[None]] = deque()
         self._ssl: ssl.SSLContext | None = None
+        self._trust = dict(trust or {})
+        self._contexts: dict[str, ssl.SSLContext] = {}
         self._targets: dict[tuple[str, str], tuple[tuple[str, str, int], bytes]] = {}
 
     def put_back(self, conn: WireResponse) -> None:
@@ -99,12 +109,11 @@ class WireClient:
                 raise httpx.PoolTimeout("no upstream connection free in time") from None
         self.open += 1
         scheme, host, port = key
-        if scheme == "https" and self._ssl is None:
-            self._ssl = ssl.create_default_context()
         conn = WireResponse(self, key)
+        tls = self._tls(host, port) if scheme == "https" else None
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: conn, host, port, ssl=self._ssl if scheme == "https" else None),
+                loop.create_connection(lambda: conn, host, port, ssl=tls),
                 self.connect_timeout_s,
             )
         except TimeoutError:
@@ -117,6 +126,19 @@ class WireClient:
             self.release()
             raise
         return conn
+
+    def _tls(self, host: str, port: int) -> ssl.SSLContext:
+        """The TLS context for ``host:port``: its configured CAs, else the system's trust store (one
+        context each, made on first use: loading a trust store costs milliseconds)."""
+        ca_file = self._trust.get((host, port))
+        if ca_file is None:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            return self._ssl
+        context = self._contexts.get(ca_file)
+        if context is None:
+            context = self._contexts[ca_file] = ssl.create_default_context(cafile=ca_file)
+        return context
 
     async def post(self, url: str, headers: dict[str, str], body: bytes) -> WireResponse:
         """``send("POST", ...)`` (the request path calls ``send`` itself: a coroutine less)."""

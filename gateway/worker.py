@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
+from backends.config import tls_trust
 from backends.pool import BackendPool, poll_connections
 from gateway.auth import KeyStore
 from gateway.config import Config, TeamConfig
@@ -100,11 +101,14 @@ class Gateway:
         # Every surface's requests go through the lean client; health checks and load polls through
         # one of their own (a full request budget cannot starve them; httpx cost ~2.4M instructions a
         # poll, most of an idle worker's CPU).
+        trust = tls_trust(self.config.models.values())
         self.wire = WireClient(
-            up.connect_timeout_s, up.idle_timeout_s, up.keepalive_expiry_s, self.config.upstream_connections()
+            up.connect_timeout_s, up.idle_timeout_s, up.keepalive_expiry_s, self.config.upstream_connections(), trust
         )
         health = self.config.health
-        checks = WireClient(health.timeout_s, health.timeout_s, up.keepalive_expiry_s, poll_connections(self.config))
+        checks = WireClient(
+            health.timeout_s, health.timeout_s, up.keepalive_expiry_s, poll_connections(self.config), trust
+        )
         self.pool = BackendPool(self.config, up.keepalive_expiry_s, client=checks)
         self._upstream = Upstream(
             self.wire,

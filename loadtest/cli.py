@@ -38,7 +38,9 @@ def _sim_one(cfg):  # type: ignore[no-untyped-def]  # a top-level function, so a
 
 
 def simulate(
-    profile: str = typer.Option(..., help=f"Engine profile ({', '.join(PROFILES)})."),
+    profile: str = typer.Option(
+        ..., help=f"Engine profile ({', '.join(PROFILES)}); A+B: a mixed fleet, backends running A, B, A, ... in turn."
+    ),
     unbounded: bool = typer.Option(False, help="Infinite KV: the ceiling a perfect cache would reach."),
     kv_tokens: int | None = typer.Option(None, help="Override the profile's KV capacity (tokens per rank)."),
     backends: int = typer.Option(1, min=1, help="Number of servers."),
@@ -115,8 +117,10 @@ def simulate(
 
     try:
         from backends.sim.engine import get_profile
+        from loadtest.simulate import fleet_profiles
 
-        get_profile(profile)
+        for name in fleet_profiles(profile):
+            get_profile(name)
         build_core(policy, admission, routing)  # fail fast on unknown names
         make_workload(workload)
         team_specs = parse_teams(teams) if teams else None

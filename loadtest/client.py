@@ -46,6 +46,9 @@ class LiveConfig:
     """Label of the system under test in the report."""
     warm_start: bool = False
     """coding-agent: enter each slot's first conversation at a random turn (``CodingAgent``)."""
+    first_slot: int = 0
+    """coding-agent: index of the first slot (slots ``first_slot … first_slot + N − 1``: one share of a
+    fleet's conversations, ``loadtest/mixed_live.py``)."""
 
 
 @dataclass
@@ -191,7 +194,8 @@ class _Runner:
     async def run(self) -> None:
         if isinstance(self.workload, CodingAgent):
             teams = self.cfg.teams or [TeamSpec("default", self.cfg.conversations)]
-            jobs = [self.slot_loop(self.workload, i, t) for i, t in enumerate(slot_teams(teams))]
+            slots = enumerate(slot_teams(teams), start=self.cfg.first_slot)
+            jobs = [self.slot_loop(self.workload, i, t) for i, t in slots]
         else:
             jobs = [self.trace_loop(self.workload)]
         tasks = [asyncio.create_task(j) for j in jobs]
@@ -254,7 +258,7 @@ async def run_level(cfg: LiveConfig, state: LevelState | None = None, stop: asyn
         "interrupted": bool(stop is not None and stop.is_set()),
     }
     start = min(cfg.warmup_s, end)
-    slots = dict(enumerate(slot_teams(teams))) if closed else None
+    slots = dict(enumerate(slot_teams(teams), start=cfg.first_slot)) if closed else None
     row.update(summarize(state.records, start, end, slots=slots, backends=cfg.base_urls))
     row["teams"] = team_rows(state.records, start, end, {t.name: t.conversations for t in teams})
     return row

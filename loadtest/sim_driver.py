@@ -27,7 +27,7 @@ import functools
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from backends.config import BackendConfig, HealthConfig, ModelConfig
 from backends.pool import Backend, BackendPool
@@ -184,7 +184,9 @@ class SimPool:
         configs = [
             BackendConfig(url=f"http://sim/{name}", name=name, engine="openai")
             if blind
-            else BackendConfig(url=f"http://sim/{name}", name=name, dp_size=max(1, int(e.dp_size)))
+            else BackendConfig(
+                url=f"http://sim/{name}", name=name, dp_size=max(1, int(e.dp_size)), engine=_engine_of(e)
+            )
             for name, e in engines.items()
         ]
         self.health = health or HealthConfig()
@@ -251,11 +253,17 @@ class SimPool:
         self.pool.request_ok(self.backends[name])
 
 
+def _engine_of(engine: Any) -> Literal["sglang", "vllm"]:
+    """The engine a simulated server stands for: vLLM for a profile's vLLM variant (its eviction), else SGLang."""
+    return "vllm" if isinstance(engine, Engine) and engine.profile.eviction == "lrf" else "sglang"
+
+
 def _read_server_info(b: Backend, engine: Any) -> None:
-    """What ``BackendPool`` reads from ``/get_server_info``: the token pool, and for a simulated engine
-    (not an unbounded one) its running cap and host tier, which admission sizes seats with."""
+    """What ``BackendPool`` reads from ``/get_server_info`` (SGLang): the token pool, and for a simulated
+    engine (not an unbounded one) its running cap and host tier, which admission sizes seats with. From a
+    vLLM server (``vllm:cache_config_info``) only the token pool: vLLM publishes neither of the others."""
     b.max_total_num_tokens = int(engine.max_total_num_tokens)
-    if isinstance(engine, Engine) and not engine.unbounded:
+    if isinstance(engine, Engine) and not engine.unbounded and _engine_of(engine) == "sglang":
         p = engine.profile
         b.max_running_requests = int(p.max_running_requests)
         b.host_tokens = int(p.host_tier_tokens)

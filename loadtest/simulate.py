@@ -98,6 +98,9 @@ class SimConfig:
     visibility: str = "white"
     """``white``: the core sees the engines' capacity and loads; ``blind``: nothing but what the gateway
     observes (``SimPool(blind=True)``: a limit learned from time to first token)."""
+    first_slot: int = 0
+    """Index of the first conversation slot: slots ``first_slot … first_slot + N − 1`` (one engine serving
+    its share of a fleet's conversations, ``loadtest/mixed_fleet.py``)."""
     cache_view: str = "approximate"
     """``precise``: the router's index fed by the engines' cache events (``loadtest/sim_kv_view.py``)."""
 
@@ -184,7 +187,7 @@ class Simulator(LivePath):
         teams = self.cfg.teams or [TeamSpec("default", self.cfg.conversations)]
         self._on_heap(0.0, _REFRESH, None)  # the core knows the backends before anything arrives
         if isinstance(self.workload, CodingAgent):
-            for i, team in enumerate(slot_teams(teams)):
+            for i, team in enumerate(slot_teams(teams), start=self.cfg.first_slot):
                 convs = self.workload.conversations(i, team)
                 slot = _Slot(i, team, convs, next(convs))
                 self.slots.append(slot)
@@ -385,11 +388,17 @@ def _append_blocks(prompt: list[Block], pieces: tuple[tuple[str, int], ...], blo
 # -- building a run ------------------------------------------------------------------------------
 
 
+def fleet_profiles(profile: str) -> list[str]:
+    """``A+B+...`` → the profiles a mixed fleet's backends run in turn (backend ``i`` runs the
+    ``i mod n``-th: ``gb10x16-tp4pp4-fp8+gb10x16-tp4pp4-fp8-vllm`` on 2 backends is one SGLang, one vLLM)."""
+    return [p.strip() for p in profile.split("+")]
+
+
 def default_engine_factory(cfg: SimConfig) -> EngineFactory:
     from backends.sim.engine import Engine, get_profile
 
-    profile = get_profile(cfg.profile)
-    return lambda: Engine(profile, kv_tokens=cfg.kv_tokens, unbounded=cfg.unbounded)
+    profiles = itertools.cycle([get_profile(p) for p in fleet_profiles(cfg.profile)])
+    return lambda: Engine(next(profiles), kv_tokens=cfg.kv_tokens, unbounded=cfg.unbounded)
 
 
 def run_one(cfg: SimConfig, *, engine_factory: EngineFactory | None = None, core: DecisionCore | None = None) -> dict:

@@ -10,7 +10,10 @@ import uvicorn
 from backends.sim.server import create_app
 
 
-def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -> uvicorn.Config:
+def uvicorn_config(
+    app: Any, host: str, port: int, log_level: str = "warning", tls: tuple[str, str] | None = None
+) -> uvicorn.Config:
+    """``tls``: (certificate chain, key) PEM files: serve HTTPS (an endpoint behind TLS)."""
     # uvloop/httptools when installed (as SGLang runs), asyncio/h11 otherwise.
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
@@ -24,6 +27,8 @@ def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -
         timeout_keep_alive=5,
         access_log=False,
         lifespan="on",
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
 
 

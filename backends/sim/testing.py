@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -43,11 +44,16 @@ def free_port() -> int:
 
 
 def wait_ready(
-    url: str, timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None, log: IO[bytes] | None = None
+    url: str,
+    timeout: float = 15.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: IO[bytes] | None = None,
+    verify: str | bool = True,
 ) -> None:
-    """Poll ``url/health`` until 200 (raises on timeout or if ``proc`` exits)."""
+    """Poll ``url/health`` until 200 (raises on timeout or if ``proc`` exits); ``verify``: a CA file for HTTPS."""
     deadline = time.monotonic() + timeout
     last: object = None
+    tls_context = ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             err = ""
@@ -56,7 +62,7 @@ def wait_ready(
                 err = log.read().decode(errors="replace")[-2000:]
             raise RuntimeError(f"twin process exited with {proc.returncode}: {err}")
         try:
-            r = httpx.get(f"{url}/health", timeout=1.0)
+            r = httpx.get(f"{url}/health", timeout=1.0, verify=tls_context)
             if r.status_code == 200:
                 return
             last = r.status_code
@@ -73,16 +79,23 @@ def twin_of(url: str) -> Twin:
 
 @contextlib.contextmanager
 def run_twin(
-    profile: Any = "tiny", *, port: int | None = None, ready_timeout: float = 15.0, wait: bool = True, **app_kwargs: Any
+    profile: Any = "tiny",
+    *,
+    port: int | None = None,
+    ready_timeout: float = 15.0,
+    wait: bool = True,
+    tls: tuple[str, str, str] | None = None,
+    **app_kwargs: Any,
 ) -> Iterator[str]:
     """Serve a twin from a background thread of this process; yields its base URL.
 
     ``wait=False`` yields as soon as the port listens, without waiting for ``/health`` (200).
+    ``tls``: (certificate chain, key, CA) PEM files: the twin serves HTTPS (``https://127.0.0.1:PORT``).
     """
     app = create_app(profile, **app_kwargs)
     for attempt in range(5):
         p = port or free_port()
-        server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", p))
+        server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", p, tls=tls[:2] if tls else None))
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         thread = threading.Thread(target=server.run, name=f"twin-{p}", daemon=True)
         thread.start()
@@ -93,11 +106,11 @@ def run_twin(
         thread.join(timeout=5)
         if port is not None or attempt == 4:
             raise RuntimeError(f"twin could not bind port {p}")
-    url = f"http://127.0.0.1:{p}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{p}"
     _TWINS[url] = app.state.twin
     try:
         if wait:
-            wait_ready(url, ready_timeout)
+            wait_ready(url, ready_timeout, verify=tls[2] if tls else True)
         yield url
     finally:
         _TWINS.pop(url, None)

@@ -106,6 +106,8 @@ class FairOrder(SeatSizing):
             # past cap_patience_s it takes a free running slot, past cap_queue_s it joins the engine's queue
             # there (no free slot needed: nothing is evicted)
             # (both at most the quantum / the deadline)
+            if self._limit_stands_for_kv(slot):
+                continue  # a learned limit guards the engine's cache: waiters rotate by evicting, as on KV
             waited = now - w.arrived
             patience = self._patience(w, slot, w.need)
             if (
@@ -190,7 +192,7 @@ class FairOrder(SeatSizing):
             budget = self._budget(cap, growth=extra is not None)
             used = self.reserved.get(candidate, 0)
             # rotate_by "lend": where only the running cap keeps w out, the quantum lends (``_lend``), not evicts
-            by_quantum = not (
+            by_quantum = self._limit_stands_for_kv(candidate) or not (
                 p.rotate_by == "lend"
                 and extra is None
                 and used + min(need, budget) <= budget

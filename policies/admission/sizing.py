@@ -204,6 +204,14 @@ class SeatSizing:
         owned = sum(1 for s in self.seats.values() if s.slot == seat.slot and not s.one_shot)
         return owned > self._seat_limit(seat.slot)
 
+    def _limit_stands_for_kv(self, slot: Slot) -> bool:
+        """Whether ``slot``'s seat limit is all that guards its engine's cache: a backend that reports no
+        capacity but a running limit (an endpoint's limit learned from latency, ``policies/adaptive_limit.py``).
+        There the limit marks where the cache starts to thrash, so waiters rotate through idle seats by the
+        quantum and the wait bound, as where the KV binds, instead of borrowing running slots past it."""
+        view = self._view_of(slot[0])
+        return view is not None and not view.kv_tokens and view.max_running_requests > 0
+
     def _running_cap(self, slot: Slot) -> float:
         """Requests a rank runs at once, this replica's share (0 when unknown: nothing is lent)."""
         view = self._view_of(slot[0])

@@ -44,8 +44,11 @@ class CommonBlocks:
     for the rendezvous key. A conversation's own history is one chain (each block has one
     successor), so it stays distinctive however few conversations run; a prefix that only some
     requests share (a popular document) stays distinctive too, and pulls its requests to where it
-    is cached; a system prompt becomes common as soon as a second conversation uses it.
-    Memory: the successor of at most ``max_blocks`` blocks (LRU) and the window's counts.
+    is cached; a system prompt becomes common as soon as a second conversation uses it (the request
+    being routed counts as the second successor: its own next block differs from the one seen, unless
+    the one seen was the last block of its prompt, which the next turn of a conversation fills).
+    Memory: the successor of at most ``max_blocks`` blocks (LRU), as many prompts' last blocks, and the
+    window's counts.
     Defaults: ``scan_blocks`` 256, ``frac`` 0.25 (up to four system prompts), ``window`` 512,
     ``max_blocks`` 262,144.
     """
@@ -62,6 +65,8 @@ class CommonBlocks:
         self._next: OrderedDict[int, int] = OrderedDict()
         self._recent: deque[tuple[int, ...]] = deque()
         self._counts: dict[int, int] = {}
+        self._tails: OrderedDict[int, None] = OrderedDict()
+        """The last scanned block of recent prompts (at most ``max_blocks``, LRU)."""
         self._last: tuple[Fingerprint, int, float, int] | None = None
         """The last ``prefix_blocks`` answer (fingerprint, scan_blocks, frac, depth): the same prompt
         asks again (every turn of a short repeated request; ``route`` then ``dispatched``), and the answer
@@ -77,14 +82,22 @@ class CommonBlocks:
             and last[2] == self.frac
         ):
             return last[3]
-        nxt, counts = self._next, self._counts
+        nxt, counts, branch = self._next, self._counts, self._BRANCH
         threshold = self.frac * len(self._recent)
         depth = 0
-        for i, (key, _) in enumerate(fp[: self.scan_blocks]):
+        scanned = fp[: self.scan_blocks]
+        final = len(scanned) - 1
+        for i, (key, _) in enumerate(scanned):
             c = counts.get(key, 0)
             if c == 0 or c < threshold:
                 break
-            if nxt.get(key) == self._BRANCH:
+            seen = nxt.get(key)
+            # this request brings the second successor itself: the first reuse of a system prompt is
+            # already a reuse (else it pulls the second conversation to the first one's slot); not where
+            # the successor seen ended its prompt (a conversation's next turn fills its last block)
+            if seen == branch or (
+                seen is not None and i < final and seen != scanned[i + 1][0] and seen not in self._tails
+            ):
                 depth = i + 1
         self._last = (fp, self.scan_blocks, self.frac, depth)
         return depth
@@ -108,6 +121,15 @@ class CommonBlocks:
         while len(nxt) > self.max_blocks:
             nxt.popitem(last=False)
             changed = True
+        if keys:
+            tails = self._tails
+            if keys[-1] not in tails:
+                tails[keys[-1]] = None
+                changed = True
+                if len(tails) > self.max_blocks:
+                    tails.popitem(last=False)
+            else:
+                tails.move_to_end(keys[-1])
         recent = self._recent
         if recent and len(recent) >= self.window and recent[0] == keys:
             # The same blocks leave the window as enter it (a repeated prompt): the counts stay.

@@ -75,17 +75,22 @@ def test_near_the_bound_with_no_idle_seat_a_waiter_goes_past_the_budget() -> Non
     assert [(d.rid, d.reason) for d in placed] == [(c2.rid, "overdue")]
 
 
-def full_cap() -> tuple[SeatedAdmission, dict[str, str]]:
-    """One rank running at most 2, with 2 seats (c0, c1) both running; plenty of KV."""
-    params = SeatParams(running_overbook=1.0, cap_patience_s=20.0, cap_queue_s=40.0)
+def two_running(params: SeatParams, view: BackendView) -> tuple[SeatedAdmission, dict[str, str]]:
+    """Seats c0 and c1 on ``view``, both running."""
     c = SeatedAdmission(RoundRobin(), default_team=LIMITS, params=params)
-    c.set_backends("m", [BackendView("b0", kv_tokens=10**9, max_running_requests=2)], 0.0)
+    c.set_backends("m", [view], 0.0)
     rids = {}
     for conv in ("c0", "c1"):
         r = turn(conv)
         assert len(sent(c.arrive(r, 0.0))) == 1  # both running, both seated
         rids[conv] = r.rid
     return c, rids
+
+
+def full_cap() -> tuple[SeatedAdmission, dict[str, str]]:
+    """One rank running at most 2, with 2 seats (c0, c1) both running; plenty of KV."""
+    params = SeatParams(running_overbook=1.0, cap_patience_s=20.0, cap_queue_s=40.0)
+    return two_running(params, BackendView("b0", kv_tokens=10**9, max_running_requests=2))
 
 
 def test_where_only_the_running_cap_keeps_it_out_a_waiter_joins_the_engine_queue_after_cap_queue_s() -> None:
@@ -134,3 +139,23 @@ def test_while_the_whole_demand_fits_kv_overbook_nobody_waits_for_a_seat() -> No
     assert len(sent(c.arrive(turn("c2", prompt=1900), 2.0))) == 1  # 10000 in all <= 1.1 x 10000: at once
     c = two_seated()
     assert sent(c.arrive(turn("c2", prompt=3900), 2.0)) == []  # 12000 > 11000: the marks protect the pool
+
+
+def learned_cap() -> tuple[SeatedAdmission, dict[str, str]]:
+    """An endpoint that reports no KV, its running limit learned (2): seats c0 and c1, both running."""
+    params = SeatParams(
+        running_overbook=1.0, cap_patience_s=20.0, cap_queue_s=40.0, min_hold_s=10.0, wait_lead_s=20.0,
+        idle_release_s=1000.0, full_idle_release_s=1000.0,
+    )  # fmt: skip
+    return two_running(params, BackendView("b0", max_running_requests=2))
+
+
+def test_a_learned_limit_is_not_borrowed_past_it_guards_the_cache_as_the_kv_does() -> None:
+    c, rids = learned_cap()
+    c2 = turn("c2")
+    assert sent(c.arrive(c2, 0.0)) == []
+    assert sent(c.finish(rids["c0"], DONE, 10.0)) == []
+    assert sent(c.tick(45.0)) == []  # past cap_patience_s and cap_queue_s: no running slot lent
+    placed = sent(c.tick(100.0))  # overdue (120 - 20): it takes the idle seat
+    assert [d.rid for d in placed] == [c2.rid]
+    assert "c2" in c.seats and "c0" not in c.seats and "c1" in c.seats

@@ -196,6 +196,35 @@ def test_common_blocks_are_branch_points() -> None:
     assert common.prefix_blocks(a2) == len(SYSTEM)
 
 
+def test_the_first_reuse_of_a_system_prompt_is_already_common() -> None:
+    """The request being routed brings the second successor itself: a second conversation on a system
+    prompt is cold (else it follows the first conversation to its backend, every new gateway in front
+    of slow engines piling each assistant's conversations on one)."""
+    common = CommonBlocks()
+    a = chain("a", 5000, SYSTEM)
+    common.observe(a)
+    assert common.prefix_blocks(chain("b", 5000, SYSTEM)) == len(SYSTEM)
+    assert common.prefix_blocks(chain("a2", 3000, a)) == 0  # a's next turn continues its one chain
+
+
+def test_a_filled_last_block_is_growth_not_a_branch() -> None:
+    """The gateway cuts bytes into fixed blocks: a prompt's last block is partial, and the next turn's
+    block at that place (the same bytes and more) has another key. That is the conversation growing."""
+    common = CommonBlocks()
+    head = chain("a", 3000, SYSTEM)
+    turn1 = (*head, (101, 100))  # a partial last block
+    common.observe(turn1)
+    turn2 = (*head, (102, 256), (103, 256))  # the same place, filled, and more
+    assert common.prefix_blocks(turn2) == 0
+
+
+def test_a_second_conversation_on_a_fresh_router_is_not_pulled_to_the_first() -> None:
+    router, backends = MinTTFT(), views(2)
+    first = send(router, req("c0", chain("conv0", 30_000, SYSTEM)), backends, 0.0, finish=False)
+    second = send(router, req("c1", chain("conv1", 30_000, SYSTEM)), backends, 0.1, finish=False)
+    assert second.reason == "cold_hash" and second.backend != first.backend  # the first one's queue
+
+
 def _agreement(load: bool) -> float:
     """Two routers with no shared state, each given a random half of 1,000 new conversations: how
     often would they place a new conversation on the same backend? With ``load``, requests stay in
