@@ -6,7 +6,8 @@ about 1.4× the four pools, docs/benchmarks.md), the Mooncake trace at 8 × 1M t
 shared-prefix trace (``loadtest/tenants_trace.py``: 150 tenants, 6k-token prefixes, 12 requests/s,
 8 × b300-tp8-fp8 at 250k tokens of KV each, clients sending ``max_tokens`` 1000). Each with
 ``--cache-view approximate`` and ``precise``, the unbounded ceiling, ``sglang-cache-aware`` and
-``direct``; it prints one markdown table (the one in docs/benchmarks.md).
+``direct``; on the tenants also routing alone and the ``gateway`` stack with the one-shot admission options
+(``ONE_SHOT``), each under both views; it prints one markdown table (the one in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -58,13 +59,29 @@ TENANT_EXTRA: list[tuple[str, dict[str, Any]]] = [
     ("min-ttft without admission, approximate", {"admission": "none", "cache_view": "approximate"}),
     ("min-ttft without admission, precise", {"admission": "none", "cache_view": "precise"}),
 ]
+ONE_SHOT = "admission:\n  shared_blocks: true\n  release_first_turns: true\n"
+"""The admission options for one-shot requests over shared prefixes (docs/benchmarks.md, "Shared prefixes
+and one-shot turns"), as a config file's ``admission:`` section."""
+
+
+def _tenant_extra(tmp: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The tenants' extra variants: routing alone, and the gateway with the one-shot admission options."""
+    options = tmp / "one-shot.yaml"
+    options.write_text(ONE_SHOT)
+    return [
+        *TENANT_EXTRA,
+        ("gateway + one-shot options, approximate", {"config": options, "cache_view": "approximate"}),
+        ("gateway + one-shot options, precise", {"config": options, "cache_view": "precise"}),
+    ]
 
 
 def run(seeds: tuple[int, ...], tmp: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
+    tmp.mkdir(parents=True, exist_ok=True)
+    tenant_extra = _tenant_extra(tmp)
     for seed in seeds:
         for setup, base in _setups(seed, tmp):
-            variants = VARIANTS + (TENANT_EXTRA if "tenants" in setup else [])
+            variants = VARIANTS + (tenant_extra if "tenants" in setup else [])
             for name, change in variants:
                 t0 = time.perf_counter()
                 row = run_one(replace(base, **change))
