@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -115,14 +117,19 @@ def main(argv: list[str] | None = None) -> None:
     levels = [int(x) for x in args.levels.split(",")]
     if any(n < 2 or n % 2 for n in levels):
         ap.error("--levels: even numbers of conversations (half on each engine)")
-    procs = Processes(Path(tempfile.mkdtemp(prefix="cachegate-mixed-")))
+    logs = Path(tempfile.mkdtemp(prefix="cachegate-mixed-"))
+    procs = Processes(logs)
     results: dict[int, dict[str, dict[str, Any]]] = {}
     try:
         for n in levels:
             results[n] = asyncio.run(level(n, args, procs))
+    except BaseException:
+        print(f"the processes' logs are in {logs}", file=sys.stderr)
+        raise
     finally:
         with contextlib.suppress(Exception):
             procs.stop_all()
+    shutil.rmtree(logs, ignore_errors=True)
     print(table(results))
 
 
