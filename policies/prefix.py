@@ -22,7 +22,7 @@ assume a block size: every block carries its own token count.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from operator import itemgetter
 from typing import Any
 
@@ -245,10 +245,24 @@ def total_tokens(fp: Fingerprint) -> int:
 _TOKENS = itemgetter(1)
 
 
+def held_blocks(fp: Fingerprint, held: Container[int]) -> int:
+    """How many leading blocks of ``fp`` are in ``held``, for a ``held`` that keeps whole prefixes (the keys
+    are chained: a block held means every block before it is): a binary search."""
+    lo, hi = 0, len(fp)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fp[mid - 1][0] in held:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 __all__ = [
     "BLOCK_BYTES",
     "fingerprint",
     "from_blocks",
+    "held_blocks",
     "render",
     "render_chat",
     "render_completion",

@@ -20,6 +20,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from itertools import accumulate
 from operator import itemgetter
 
+from policies.prefix import held_blocks
 from policies.types import Fingerprint
 
 DEFAULT_CAPACITY_TOKENS = 1_000_000
@@ -82,16 +83,9 @@ class BlockLRU:
         last, matched = self._last
         if fp is last:
             return matched
-        blocks = self._blocks
-        lo, hi = 0, len(fp)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fp[mid - 1][0] in blocks:
-                lo = mid
-            else:
-                hi = mid - 1
-        self._last = (fp, lo)
-        return lo
+        matched = held_blocks(fp, self._blocks)
+        self._last = (fp, matched)
+        return matched
 
 
 def cumulative_tokens(fp: Fingerprint) -> list[int]:

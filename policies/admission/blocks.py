@@ -9,6 +9,7 @@ prompt held on a slot are always a prefix of it (``held_prefix`` is a binary sea
 
 from __future__ import annotations
 
+from policies.prefix import held_blocks
 from policies.types import Fingerprint
 
 
@@ -49,14 +50,7 @@ class SlotBlocks:
         refs = self.refs
         if not refs or not fp or fp[0][0] not in refs:
             return 0
-        lo, hi = 1, len(fp)  # fp[:lo] held; find the largest such lo
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fp[mid - 1][0] in refs:
-                lo = mid
-            else:
-                hi = mid - 1
-        return sum(tokens for _, tokens in fp[:lo])
+        return sum(tokens for _, tokens in fp[: held_blocks(fp, refs)])
 
     def shared_of(self, fp: Fingerprint) -> int:
         """Tokens of ``fp``'s blocks that another seat holds too (what releasing ``fp`` would not free)."""
