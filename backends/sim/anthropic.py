@@ -214,7 +214,8 @@ def tool_use_block(call: dict[str, Any], *, with_input: bool) -> dict[str, Any]:
 
 def event(obj: dict[str, Any]) -> bytes:
     """One SSE event: ``event: TYPE`` then its JSON (``_wrap_sse_event``)."""
-    return b"event: " + obj["type"].encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+    kind: str = obj["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
 
 
 def message_start(msg_id: str, model: str, usage_: dict[str, Any]) -> bytes:

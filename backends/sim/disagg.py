@@ -305,12 +305,16 @@ class Disaggregated:
 
 def disagg_middleware(mode: str, bootstrap_port: int, host: str, profile: Any, time_scale: float) -> Middleware:
     """The twin app's ``Disaggregated`` layer for ``mode`` (``prefill`` or ``decode``)."""
-    if mode not in ("prefill", "decode"):
+    if mode == "prefill":
+        checked: Mode = "prefill"
+    elif mode == "decode":
+        checked = "decode"
+    else:
         raise ValueError(f"--disaggregation-mode must be null, prefill or decode, got {mode!r}")
     per_token = int(getattr(profile, "kv_bytes_per_token_per_gpu", 0)) * int(getattr(profile, "tp_size", 1) or 1)
     return Middleware(
         Disaggregated,
-        mode=mode,
+        mode=checked,
         bootstrap_port=bootstrap_port,
         host=host,
         kv_bytes_per_token=per_token,

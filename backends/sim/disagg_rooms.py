@@ -100,7 +100,7 @@ class Rooms:
             params = dict(p.partition("=")[::2] for p in query.split("&") if p)
             parts = path.strip("/").split("/")
             if method != "GET" or len(parts) != 2 or parts[0] != "kv" or not parts[1].isdigit():
-                status, body = 404, {"error": "not found"}
+                status, body = 404, dict[str, object]({"error": "not found"})
             else:
                 status, body = await self.fetch(int(parts[1]), float(params.get("wait", "300")))
             payload = orjson.dumps(body)

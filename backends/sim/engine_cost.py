@@ -21,7 +21,7 @@ def decode_shared_time(p: Profile, decoding: int) -> float:
     q = 1 + p.spec_draft_tokens
     per_stage = max(decoding / p.pp, 1.0) * q
     cov = 1.0 - (1.0 - p.experts_per_token / p.num_experts) ** per_stage
-    return p.a * (1.0 + p.spec_draft_overhead * p.spec_draft_tokens) + p.t_experts * cov
+    return float(p.a * (1.0 + p.spec_draft_overhead * p.spec_draft_tokens) + p.t_experts * cov)
 
 
 def decode_rank_time(p: Profile, rk: RankState, shared: float) -> float:

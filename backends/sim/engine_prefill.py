@@ -101,8 +101,8 @@ class PrefillAdder(KvRelease):
             before = cache.evictable_tokens
             cache.lock(node)
             path_evictable = before - cache.evictable_tokens
-            room = rk.free + cache.evictable_tokens - offset
-            if need >= room and not (not rk.running and not items and extend + 1 <= room):
+            space = rk.free + cache.evictable_tokens - offset
+            if need >= space and not (not rk.running and not items and extend + 1 <= space):
                 cache.unlock(node)
                 rk.blocked = (r, cache.epoch, need, path_evictable)
                 break  # NO_TOKEN: FCFS does not skip the head

@@ -129,7 +129,7 @@ def create_app(
     from backends.sim import profiles as profiles_mod
 
     prof = profiles_mod.get_profile(profile) if isinstance(profile, str) else profile
-    factory = engine_factory or engine_mod.Engine  # type: ignore[attr-defined]
+    factory = engine_factory or engine_mod.Engine
     twin = Twin(
         factory(prof, kv_tokens=kv_tokens, unbounded=unbounded),
         profile=prof,

@@ -96,7 +96,6 @@ def run_twin(
     for attempt in range(5):
         p = port or free_port()
         server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", p, tls=tls[:2] if tls else None))
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         thread = threading.Thread(target=server.run, name=f"twin-{p}", daemon=True)
         thread.start()
         while not server.started and thread.is_alive():
