@@ -14,8 +14,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY policies ./policies
+# The service and the simulated SGLang (compose's stand-in engines); not the load-test tools.
 COPY backends ./backends
-COPY loadtest ./loadtest
 RUN pip install . && rm -rf /src
 
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin cachegate

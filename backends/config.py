@@ -1,6 +1,6 @@
 """The pool's part of the configuration: backends per model alias, and how they are checked.
 
-``gateway/config.py`` builds the whole service configuration from these types; the pool
+``gateway/config/schema.py`` builds the whole service configuration from these types; the pool
 (``backends/pool.py``) needs only ``PoolConfig``, so ``backends/`` never imports ``gateway/``.
 """
 
@@ -46,7 +46,7 @@ class KVEventsSource(_Strict):
     """How often the replay endpoint is probed (continuity check; a dead publisher is found within one)."""
     tokenize_wait_s: float = Field(0.25, ge=0)
     """The longest a conversation new to this replica waits for the backend's ``/v1/tokenize`` before it
-    is routed anyway (``gateway/kv_learn.py``); 0: never wait (learn after the turn only)."""
+    is routed anyway (``gateway/state/kv_learn.py``); 0: never wait (learn after the turn only)."""
 
     @field_validator("endpoint", "replay_endpoint")
     @classmethod
@@ -191,7 +191,7 @@ class HealthConfig(_Strict):
 
 
 class PoolConfig(Protocol):
-    """What ``BackendPool`` reads from the configuration (``gateway.config.Config`` is one)."""
+    """What ``BackendPool`` reads from the configuration (``gateway.config.schema.Config`` is one)."""
 
     @property
     def models(self) -> Mapping[str, ModelConfig]: ...

@@ -24,7 +24,7 @@ MALFORMED = "malformed"
 def backend_fault(exc: BaseException | None = None, status: int = 0, lagging: bool = False) -> str | None:
     """The breaker kind ``exc`` (or an answered ``status``) counts as, or None: not the backend's fault.
 
-    ``lagging``: the worker's event loop was behind when this happened (gateway/overload.py).
+    ``lagging``: the worker's event loop was behind when this happened (gateway/request/overload.py).
     """
     if exc is None:
         return STATUS_5XX if status >= 500 else None

@@ -83,7 +83,7 @@ class BackendPool:
     ) -> None:
         """``polled`` False: a pool that is never started, fed by its caller (the simulator).
         ``client``: what its checks and polls GET with (the gateway gives its lean client, a
-        ``gateway.wire_pool.WireClient`` of their own; by default one of httpx)."""
+        ``gateway.http.wire_pool.WireClient`` of their own; by default one of httpx)."""
         self.config = config
         # Its own connections, never the requests': a full request budget cannot starve a health check.
         self.client: Getter | None = (
@@ -128,7 +128,7 @@ class BackendPool:
 
     def views(self, alias: str) -> list[BackendView]:
         """What the decision core routes over: a disaggregated pool's decode backends (its prefill
-        partners are chosen at dispatch, gateway/pd_hop.py)."""
+        partners are chosen at dispatch, gateway/request/pd_hop.py)."""
         return [b.view() for b in self.models.get(alias, []) if b.config.role != "prefill"]
 
     def prefills(self, alias: str) -> list[Backend]:

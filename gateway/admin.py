@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.auth import check_token
-from gateway.config import TeamConfig
-from gateway.errors import GatewayError
+from gateway.config.schema import TeamConfig
+from gateway.http.errors import GatewayError
+from gateway.request.auth import check_token
 from gateway.worker import Gateway
 from policies.admission import SeatedAdmission, SeatParams
 from policies.teams import TeamLimits

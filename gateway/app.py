@@ -1,6 +1,6 @@
 """The Starlette application: which route goes where, start-up and shut-down. Nothing else.
 
-The client surfaces (``default_surfaces``) all run the one request path (``gateway/lifecycle.py``); the
+The client surfaces (``default_surfaces``) all run the one request path (``gateway/request/lifecycle.py``); the
 admin API is ``gateway/admin.py``; a worker's parts are ``gateway/worker.py``.
 """
 
@@ -17,29 +17,29 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway import admin, exposure
-from gateway.access import AccessLog
-from gateway.client_routes import routes as client_routes
-from gateway.config import Config
-from gateway.errors import GatewayError, error_response
-from gateway.gcpause import quiet_gc
-from gateway.lifecycle import RequestPath
-from gateway.logsetup import configure_logging
-from gateway.messages_surface import MessagesSurface
-from gateway.metrics import Metrics
-from gateway.openai_surface import CHAT, COMPLETIONS
-from gateway.overload import OverloadGuard
-from gateway.responses_surface import ResponsesSurface
-from gateway.surface import Surface
+from gateway import admin
+from gateway.config.logsetup import configure_logging
+from gateway.config.schema import Config
+from gateway.http.errors import GatewayError, error_response
+from gateway.http.gcpause import quiet_gc
+from gateway.observability import exposure
+from gateway.observability.access import AccessLog
+from gateway.observability.metrics import Metrics
+from gateway.request.lifecycle import RequestPath
+from gateway.request.overload import OverloadGuard
+from gateway.surfaces.base import Surface
+from gateway.surfaces.chat import CHAT, COMPLETIONS
+from gateway.surfaces.client_routes import routes as client_routes
+from gateway.surfaces.messages import MessagesSurface
+from gateway.surfaces.responses import ResponsesSurface
 from gateway.worker import Gateway
 
 log = logging.getLogger("cachegate")
 
 
 def default_surfaces() -> tuple[Surface, ...]:
-    """Every client surface on the request path (``gateway/surface.py`` says how to add one); new
+    """Every client surface on the request path (``gateway/surfaces/base.py`` says how to add one); new
     instances per app, since the Responses surface holds a worker's store and running streams."""
     return (CHAT, COMPLETIONS, ResponsesSurface(), MessagesSurface())
 
@@ -49,30 +49,15 @@ ALSO_AT = {"/v1/messages": "/messages"}
 there, others (opencode) post ``/messages``."""
 
 
-class GatewayApp(Starlette):
-    """Starlette, plus a short way in for the client surfaces' POSTs: the access log, the overload
-    guard and the endpoint (``RequestPath``, which answers its own crashes in its envelope), without
-    Starlette's outer error middleware, whose ``send`` wrapper cost a frame per response chunk."""
-
-    fast: ASGIApp | None = None
-    fast_paths: frozenset[str] = frozenset()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in self.fast_paths and scope["method"] == "POST":
-            assert self.fast is not None
-            scope["app"] = self
-            await self.fast(scope, receive, send)
-            return
-        await super().__call__(scope, receive, send)
-
-
 def create_app(
     config: Config,
     metrics: Metrics | None = None,
     admin_token: str | None = None,
     surfaces: Sequence[Surface] | None = None,
-) -> GatewayApp:
-    """The app for one worker; ``surfaces`` are the client APIs on the request path."""
+) -> Starlette:
+    """The app for one worker; ``surfaces`` are the client APIs on the request path. Every route runs
+    the one middleware chain: Starlette's error middleware, the access log, the overload guard (which
+    hands a surface's POST to its ``RequestPath`` without the router), the exception handlers."""
     gw = Gateway(config, metrics, admin_token)
     surfaces = default_surfaces() if surfaces is None else tuple(surfaces)
     if not any(isinstance(s, ResponsesSurface) for s in surfaces):
@@ -135,7 +120,7 @@ def create_app(
             for surface in surfaces:
                 await surface.close()
 
-    # The surfaces' endpoints, handed their POSTs by the overload guard (gateway/overload.py) directly.
+    # The surfaces' endpoints, handed their POSTs by the overload guard (gateway/request/overload.py) directly.
     direct = {path: RequestPath(gw, s) for s in surfaces for path in (s.path, ALSO_AT.get(s.path)) if path}
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in direct.items()),
@@ -145,7 +130,7 @@ def create_app(
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         *admin.routes(gw),
     ]
-    app = GatewayApp(
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
         middleware=[
@@ -154,11 +139,6 @@ def create_app(
         ],
         exception_handlers={GatewayError: on_gateway_error, HTTPException: on_http_error, Exception: on_crash},
     )
-    # The same two layers again, in front of the surfaces' endpoints only (GatewayApp).
-    app.fast = AccessLog(
-        OverloadGuard(app.router, gw.overload, gw.shed, direct), routes, gw.metrics, config.access_log, direct
-    )
-    app.fast_paths = frozenset(direct)
     app.state.gateway = gw
     return app
 

@@ -1,12 +1,15 @@
-"""The `cachegate` command: serve, sim-backend, simulate, compare, loadtest, demo, plan, bench."""
+"""The `cachegate` command: serve, sim-backend, and where the load-test tools are installed simulate,
+compare, loadtest, demo, plan, bench, chaos.
+
+The one module above every package: it reaches ``loadtest`` and the simulated SGLang, which the
+running service never imports. The service's image carries no ``loadtest``; its commands are then
+left out of the CLI, and ``serve`` and ``sim-backend`` work as ever."""
 
 from __future__ import annotations
 
 import typer
 
 from backends.sim.cli import sim_backend
-from loadtest.cli import demo, loadtest, plan, simulate
-from loadtest.compare_cli import compare
 
 app = typer.Typer(
     add_completion=False,
@@ -15,24 +18,15 @@ app = typer.Typer(
 )
 
 app.command("sim-backend")(sim_backend)
-app.command("simulate")(simulate)
-app.command("loadtest")(loadtest)
-app.command("demo")(demo)
-app.command("plan")(plan)
-app.command("compare")(compare)
 
 
-@app.command(
-    "bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
-)
 def bench(ctx: typer.Context) -> None:
-    """The relay benchmark (loadtest/bench_relay.py): cachegate against sglang-router; --help for options."""
-    from loadtest.bench_relay import main as bench_main
+    """The relay benchmark (loadtest/bench/relay.py): cachegate against sglang-router; --help for options."""
+    from loadtest.bench.relay import main as bench_main
 
     bench_main(list(ctx.args))
 
 
-@app.command("chaos")
 def chaos(
     mode: str = typer.Argument("faults", help="faults | soak | slow | hol"),
     faults: int = typer.Option(1000, "--faults", help="faults: how many to inject (all kinds)."),
@@ -51,7 +45,7 @@ def chaos(
     import asyncio
     import functools
 
-    from loadtest import chaos as runs
+    from loadtest.chaos import runs as runs
 
     out = functools.partial(print, flush=True)
     if mode == "faults":
@@ -112,7 +106,7 @@ def serve(
     import os
 
     from backends.config import pd_backends
-    from gateway.config import load_config
+    from gateway.config.schema import load_config
     from gateway.serve import run
 
     try:
@@ -135,6 +129,29 @@ def serve(
     if admin_token:
         os.environ[cfg.admin_token_env] = admin_token  # workers read it from the environment too
     run(cfg)
+
+
+def _add_tools() -> None:
+    """The load-test tools' commands, where ``loadtest`` is installed."""
+    try:
+        from loadtest.cli import demo, loadtest, plan, simulate
+        from loadtest.compare_cli import compare
+    except ModuleNotFoundError as exc:
+        if exc.name != "loadtest":
+            raise  # a tool's own dependency is missing: say so, do not hide the commands
+        return
+    app.command("simulate")(simulate)
+    app.command("loadtest")(loadtest)
+    app.command("demo")(demo)
+    app.command("plan")(plan)
+    app.command("compare")(compare)
+    app.command(
+        "bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+    )(bench)
+    app.command("chaos")(chaos)
+
+
+_add_tools()
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Start the gateway under uvicorn (uvloop, httptools), one worker or several.
 
-The HTTP protocol is uvicorn's httptools one plus the limits it lacks (gateway/httpserver.py:
+The HTTP protocol is uvicorn's httptools one plus the limits it lacks (gateway/http/server.py:
 header and body timeouts, header size and count); keep-alive, connection cap and backlog come from
 the config's ``server:`` section. The open-files limit is raised to its hard limit, so that many
 idle connections cannot starve the gateway of file descriptors before the header timeout frees them.
@@ -18,11 +18,11 @@ from pathlib import Path
 import uvicorn
 
 from gateway.app import create_app
-from gateway.config import Config
-from gateway.gcpause import ENV as QUIET_GC
-from gateway.httpserver import ENV as LIMITS_ENV
-from gateway.logsetup import configure_logging
-from gateway.metrics import prepare_multiprocess_dir
+from gateway.config.logsetup import configure_logging
+from gateway.config.schema import Config
+from gateway.http.gcpause import ENV as QUIET_GC
+from gateway.http.server import ENV as LIMITS_ENV
+from gateway.observability.metrics import prepare_multiprocess_dir
 
 log = logging.getLogger("cachegate")
 
@@ -41,12 +41,12 @@ def run(config: Config) -> None:
     _check_backlog(config.server.backlog)
     server = config.server
     os.environ[LIMITS_ENV] = server.model_dump_json()  # read by every worker's protocol
-    os.environ[QUIET_GC] = "1"  # each worker freezes its start-up objects (gateway/gcpause.py)
+    os.environ[QUIET_GC] = "1"  # each worker freezes its start-up objects (gateway/http/gcpause.py)
     common = dict(
         host=config.listen.host,
         port=config.listen.port,
         loop="uvloop",
-        http="gateway.httpserver:LimitedHttpToolsProtocol",
+        http="gateway.http.server:LimitedHttpToolsProtocol",
         log_level=config.log_level.lower(),
         access_log=False,
         # Nothing reads the client's address (keys name the team): no X-Forwarded-For layer per request.

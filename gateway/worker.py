@@ -1,5 +1,5 @@
 """Everything one worker (one replica) holds, and how its parts are wired together: config, keys,
-decision core and its dispatcher, shared state, backend pool, upstream client (``gateway/wire.py``,
+decision core and its dispatcher, shared state, backend pool, upstream client (``gateway/http/wire.py``,
 its connection budget from ``Config.upstream_connections``), overload monitor, metrics, traces."""
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from starlette.datastructures import Headers
 
 from backends.config import tls_trust
 from backends.pool import BackendPool, poll_connections
-from gateway.auth import KeyStore
-from gateway.config import Config, TeamConfig
-from gateway.dispatch import Dispatcher
-from gateway.errors import GatewayError
-from gateway.kv_learn import KVView, build_kv_view
-from gateway.metrics import Metrics
-from gateway.overload import Overload
-from gateway.state import MemoryState, RedisState
-from gateway.telemetry import RequestTrace, Telemetry
-from gateway.upstream import Upstream
-from gateway.wire_pool import WireClient
+from gateway.config.schema import Config, TeamConfig
+from gateway.http.errors import GatewayError
+from gateway.http.wire_pool import WireClient
+from gateway.observability.metrics import Metrics
+from gateway.observability.telemetry import RequestTrace, Telemetry
+from gateway.request.auth import KeyStore
+from gateway.request.dispatch import Dispatcher
+from gateway.request.overload import Overload
+from gateway.request.upstream import Upstream
+from gateway.state.kv_learn import KVView, build_kv_view
+from gateway.state.replicas import MemoryState, RedisState
 from policies import registry
 from policies.tokens import TokenEstimator
 from policies.types import BackendView, Dispatch
@@ -55,7 +55,7 @@ class Gateway:
         self.admin_token = admin_token or os.environ.get(config.admin_token_env) or None
         self.dispatcher = Dispatcher(self.core, state=self.state)
         self.kv: KVView | None = build_kv_view(self.core, [b for m in config.models.values() for b in m.backends])
-        """The exact cache view (``gateway/kv_learn.py``) when some backend publishes KV events."""
+        """The exact cache view (``gateway/state/kv_learn.py``) when some backend publishes KV events."""
         self.estimator = TokenEstimator()
         self.wire: WireClient | None = None
         self.pool: BackendPool | None = None
@@ -63,7 +63,7 @@ class Gateway:
         self._upstream: Upstream | None = None
         self.started_at = int(time.time())
         self.responses: Any = None
-        """The Responses surface (``gateway/responses_surface.py``): its store and running streams."""
+        """The Responses surface (``gateway/surfaces/responses.py``): its store and running streams."""
 
     @property
     def upstream(self) -> Upstream:
@@ -87,7 +87,7 @@ class Gateway:
         trace.routed(decision)
 
     def shed(self, headers: Headers, reason: str) -> None:
-        """A request the overload guard refused before reading it (``gateway/overload.py``): counted."""
+        """A request the overload guard refused before reading it (``gateway/request/overload.py``): counted."""
         try:
             team = self.keys.team_for(headers)
         except GatewayError:
@@ -99,8 +99,8 @@ class Gateway:
     async def start(self) -> None:
         up = self.config.upstream
         # Every surface's requests go through the lean client; health checks and load polls through
-        # one of their own (a full request budget cannot starve them; httpx cost ~2.4M instructions a
-        # poll, most of an idle worker's CPU).
+        # one of their own (a full request budget cannot starve them; on httpx the polls were most of
+        # an idle worker's CPU: ``loadtest/bench/instr.py`` prints the idle rate).
         trust = tls_trust(self.config.models.values())
         self.wire = WireClient(
             up.connect_timeout_s, up.idle_timeout_s, up.keepalive_expiry_s, self.config.upstream_connections(), trust

@@ -30,7 +30,7 @@ def _fail(msg: str) -> typer.Exit:
 
 
 def _sim_one(cfg):  # type: ignore[no-untyped-def]  # a top-level function, so a worker process can run it
-    from loadtest.simulate import run_one
+    from loadtest.sim.simulate import run_one
 
     t = time.perf_counter()
     row = run_one(cfg)
@@ -109,15 +109,15 @@ def simulate(
     """Run workloads against policies and engine profiles in virtual time."""
     import orjson
 
-    from loadtest.report import print_table, write_report
-    from loadtest.sim_driver import Faults, parse_unhealthy
-    from loadtest.simulate import SimConfig, _load_config, build_core
-    from loadtest.workload import parse_teams
-    from loadtest.workload_spec import make_workload
+    from loadtest.results.tables import print_table, write_report
+    from loadtest.sim.driver import Faults, parse_unhealthy
+    from loadtest.sim.simulate import SimConfig, _load_config, build_core
+    from loadtest.workloads.core import parse_teams
+    from loadtest.workloads.spec import make_workload
 
     try:
         from backends.sim.engine import get_profile
-        from loadtest.simulate import fleet_profiles
+        from loadtest.sim.simulate import fleet_profiles
 
         for name in fleet_profiles(profile):
             get_profile(name)
@@ -223,10 +223,10 @@ def loadtest(
 
     import orjson
 
-    from loadtest.client import LiveConfig, sweep
-    from loadtest.report import print_table, write_report
-    from loadtest.workload import parse_teams
-    from loadtest.workload_spec import make_workload
+    from loadtest.live.client import LiveConfig, sweep
+    from loadtest.results.tables import print_table, write_report
+    from loadtest.workloads.core import parse_teams
+    from loadtest.workloads.spec import make_workload
 
     try:
         make_workload(workload)
@@ -275,7 +275,7 @@ def demo(
     ),
 ) -> None:
     """Start simulated backends and the gateway, run a short sweep past the caches' capacity, write a report."""
-    from loadtest.demo import DemoConfig, run_demo
+    from loadtest.demo.run import DemoConfig, run_demo
 
     if not 0 <= warmup < duration:
         raise _fail("--warmup must be at least 0 and shorter than --duration")
@@ -319,8 +319,8 @@ def plan(
     jobs: int = typer.Option(0, help="Simulations in parallel (0: one per CPU core)."),
 ) -> None:
     """Size a fleet: servers and team limits for N developers at a target TTFT (virtual time, gateway stack)."""
-    from loadtest.plan import PlanConfig, Targets, parse_teams, run_plan
-    from loadtest.plan_report import print_plan, write_plan
+    from loadtest.plan.recommend import PlanConfig, Targets, parse_teams, run_plan
+    from loadtest.plan.report import print_plan, write_plan
 
     try:
         team_list = parse_teams(teams)

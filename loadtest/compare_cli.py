@@ -1,4 +1,4 @@
-"""`cachegate compare`: prints ``loadtest/compare.py``'s table (one row per stack per level and seed)."""
+"""`cachegate compare`: prints ``loadtest/analysis/compare.py``'s table (one row per stack per level and seed)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backends.sim.profiles import PROFILES
-from loadtest.compare import FIGURES, STACKS, Cell, _fmt, as_json, as_markdown, best, run_compare, summary
+from loadtest.analysis.compare import FIGURES, STACKS, Cell, _fmt, as_json, as_markdown, best, run_compare, summary
 
 
 def print_cells(profile: str, backends: int, cells: list[Cell], console: Console) -> None:

@@ -19,7 +19,7 @@ has applied every message of the publisher's sequence in order:
 from the mirror of every synced slot and from the approximation elsewhere. Fingerprint blocks are
 matched to engine blocks by a ``BlockMap`` (fingerprint key → engine block hash): the identity in the
 simulator, where the fingerprint is the engine's blocks; learned live from the engine's own
-tokenization (``gateway/kv_learn.py``). A block with no mapping counts as not held.
+tokenization (``gateway/state/kv_learn.py``). A block with no mapping counts as not held.
 
 Pure: no I/O, no clock (``now`` passed in). Parameters: ``BlockMap(capacity)`` 1,000,000 entries.
 """

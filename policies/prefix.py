@@ -7,7 +7,7 @@ role, content, tool calls, tool call id, name; never only the first message), an
 *all* bytes up to its end (so equal keys mean equal prefixes) and carrying its estimated tokens.
 ``request_fingerprint(body, tokens_per_byte)`` gives the same result (plus the rendered length, for
 token estimates) while hashing the rendering piece by piece, never joining it whole: the entry point
-for the gateway (about 1.4 ms for a 640 KB request here, ``loadtest/bench_fingerprint.py``).
+for the gateway (``loadtest/bench/fingerprint.py`` times it on long requests).
 
 Block size: 1 KiB, about 256 tokens at Kimi's ~4 bytes per token. Small enough that a turn's new
 tool result (a few thousand tokens) adds about ten blocks and a prefix match loses at most 256
@@ -46,8 +46,8 @@ def _dump(value: Any) -> bytes:
 
 def _canon(value: Any, out: list[bytes]) -> None:
     """Append a small JSON value canonically (sorted keys). Used for the many small objects inside
-    messages (tool calls, non-text parts): one ``orjson.dumps`` per object measured ~10 µs each
-    here once the big content strings are allocated, this is ~1 µs."""
+    messages (tool calls, non-text parts): one ``orjson.dumps`` per object measured far slower than
+    this once the big content strings are allocated."""
     if isinstance(value, str):
         out += (b'"', value.encode("utf-8", "surrogatepass"), b'"')
     elif isinstance(value, Mapping):
@@ -168,7 +168,7 @@ def fingerprint(data: bytes, tokens_per_byte: float, block_bytes: int = BLOCK_BY
 
     Key of block i = the first 8 bytes of SHA-1 over ``data[: (i+1)·block_bytes]`` (an incremental
     hash, copied at each block end: one pass over the bytes; SHA-1 because it is the fastest
-    hashlib digest here, about 1 GB/s, and only accidental collisions matter). Tokens of block i =
+    hashlib digest measured here, and only accidental collisions matter). Tokens of block i =
     ``round(end·r) − round(start·r)`` with ``r = tokens_per_byte`` (at least 1), so the blocks add
     up to ``round(len(data)·r)`` however the data is cut.
     """
@@ -188,7 +188,7 @@ def fingerprint(data: bytes, tokens_per_byte: float, block_bytes: int = BLOCK_BY
 
 def _stream_fingerprint(pieces: Iterable[bytes], tokens_per_byte: float, block_bytes: int) -> tuple[Fingerprint, int]:
     """``fingerprint`` over a rendering given as pieces, never joined: equal to
-    ``fingerprint(b"".join(all pieces))`` (a 640 KB join costs more than the hashing here: the
+    ``fingerprint(b"".join(all pieces))`` (joining a long rendering costs more than the hashing: the
     fresh buffer's page faults), plus the total length."""
     h = hashlib.sha1()
     update, from_bytes = h.update, int.from_bytes

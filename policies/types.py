@@ -71,9 +71,9 @@ class Dispatch:
 def new_dispatch(
     rid: str, backend: str, rank: int | None, reason: str, scores: dict[str, float], matched_tokens: int | None
 ) -> Dispatch:
-    """``Dispatch(rid, backend, rank, reason, scores, matched_tokens)``, built in half the time: the
-    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` (about 1 µs here,
-    once per request); this sets its slots directly. The same object (``Dispatch`` has no
+    """``Dispatch(rid, backend, rank, reason, scores, matched_tokens)``, built faster: the frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__`` (a call per field, once per
+    request); this sets its slots directly. The same object (``Dispatch`` has no
     ``__post_init__``; the import checks its fields)."""
     d = _new_object(Dispatch)
     _set_rid(d, rid)
@@ -105,13 +105,13 @@ RefusalCode = Literal[
     "overloaded",
 ]
 """Why a request was refused: the ``code`` of the error body and the ``reason`` label of the refusal
-metric (``gateway/metrics.py`` takes its label values from here). ``team_queue_full``: the team's queue
+metric (``gateway/observability/metrics.py`` takes its label values from here). ``team_queue_full``: the team's queue
 is at ``max_queue``; ``queue_timeout``: waited past ``queue_timeout_s``; ``team_token_rate``: the
 team's ``tokens_per_minute`` budget is spent; ``no_healthy_backend``: nowhere to send it (503);
 ``context_length_exceeded``: the prompt (or prompt + ``max_tokens``) is more than any backend can ever
 hold or its context window (400, at once: it would block the seat queue); ``team_request_tokens``:
 past the team's ``max_request_tokens`` (400); ``overloaded``: the worker sheds new requests (503,
-``gateway/overload.py``; not a policy decision, counted with the others)."""
+``gateway/request/overload.py``; not a policy decision, counted with the others)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from loadtest.procs import RedisServer
+from loadtest.bench.procs import RedisServer
 
 SHARED_REDIS = os.environ.get("CACHEGATE_TEST_REDIS", "redis://127.0.0.1:6379/9")
 

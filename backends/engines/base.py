@@ -26,7 +26,7 @@ import httpx
 
 
 class Reply(Protocol):
-    """A whole answer to a GET (``httpx.Response`` and ``gateway.wire_pool.WireReply`` are ones)."""
+    """A whole answer to a GET (``httpx.Response`` and ``gateway.http.wire_pool.WireReply`` are ones)."""
 
     @property
     def status_code(self) -> int: ...

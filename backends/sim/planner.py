@@ -26,7 +26,7 @@ from backends.sim.runtime import MAX_MODEL_LEN, ApiError, Plan, Twin, seed_key
 from backends.sim.tokenizer import count_tokens, filler_text
 
 ANSWER_TOKENS = (200, 1_500)
-"""The ``coding-agent`` workload's answer lengths (``loadtest/workload.py``), before scaling."""
+"""The ``coding-agent`` workload's answer lengths (``loadtest/workloads/core.py``), before scaling."""
 
 
 def answer_tokens(key: str, scale: float) -> int:

@@ -1,5 +1,5 @@
 """The constants of the one fitted profile (``b300-dp8-fp8-cp``): the one place the "derive, never fit"
-rule is broken, on purpose. ``python -m loadtest.fit_good`` fits them to the published good deployment
+rule is broken, on purpose. ``python -m loadtest.analysis.fit_good`` fits them to the published good deployment
 (reference §11) and prints the residuals, which ``docs/calibration.md`` holds."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Fit:
-    """Constants of the one fitted profile (``b300-dp8-fp8-cp``), from ``loadtest/fit_good.py``."""
+    """Constants of the one fitted profile (``b300-dp8-fp8-cp``), from ``loadtest/analysis/fit_good.py``."""
 
     u_attn: float
     u_lin: float

@@ -258,7 +258,7 @@ def _b300(
         )
         overhead, tok_rate = fit.request_overhead_s, fit.tokenize_tokens_per_s
         lines += [
-            f"FITTED (python -m loadtest.fit_good): U_ATTN {fit.u_attn} of the FP8 peak, U_LIN {fit.u_lin},"
+            f"FITTED (python -m loadtest.analysis.fit_good): U_ATTN {fit.u_attn} of the FP8 peak, U_LIN {fit.u_lin},"
             f" --max-running-requests {fit.max_running_total},",
             f"  per-request overhead {overhead * 1e3:.0f} ms + prompt / {tok_rate:,.0f} tokens/s (tokenisation, HTTP);"
             " every other constant is derived as above;",

@@ -1,7 +1,7 @@
 """The routing family: seeded generators of Mooncake-format traces, each stressing routing in its
 own way and each documented (in its module) with the published statistic it reproduces. Besides
-these, the family has ``coding-agent`` (``loadtest/workload.py``) and the public Mooncake conversation
-trace (``trace:PATH``); ``loadtest/routing_family.py`` compares the routers on all of them.
+these, the family has ``coding-agent`` (``loadtest/workloads/core.py``) and the public Mooncake conversation
+trace (``trace:PATH``); ``loadtest/analysis/routing_family.py`` compares the routers on all of them.
 
 ``tuning`` says whether the router's defaults were chosen on a member; the held-out members
 (``two-assistants``, ``zipf-hot``, ``mooncake-synth``) were run only after the defaults were fixed.

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import orjson
 
-from loadtest.metrics import percentile
+from loadtest.results.metrics import percentile
 from loadtest.workloads import FAMILY
 
 

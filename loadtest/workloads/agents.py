@@ -1,6 +1,6 @@
 """``agents-and-completions``: long-context coding agents and short completions on one fleet.
 
-Agents: the ``coding-agent`` conversation (``loadtest/workload.py``: one of three 15k-token assistant
+Agents: the ``coding-agent`` conversation (``loadtest/workloads/core.py``: one of three 15k-token assistant
 prefixes, a 20-60k opening prompt, tool results log-normal with a mean falling from 6k to 2.5k tokens
 as the context grows, answers 200-1,500 tokens, ending near 200-250k tokens; reference §10-11:
 a median prompt near 155k) replayed open loop: a turn is sent ``AGENT_GAP_S`` after the previous
@@ -18,8 +18,8 @@ from __future__ import annotations
 import itertools
 import random
 
-from loadtest.workload import CodingAgent
 from loadtest.workloads.base import History, Ids, Row, log_uniform, lognormal, poisson
+from loadtest.workloads.core import CodingAgent
 
 AGENTS = 24
 """Agents running at once at speedup 1 (the comparison's 8-backend rate: 3 per backend)."""

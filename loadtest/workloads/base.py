@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtest.workload import TRACE_BLOCK_TOKENS, TraceWorkload
+from loadtest.workloads.core import TRACE_BLOCK_TOKENS, TraceWorkload
 
 Row = dict[str, object]
 

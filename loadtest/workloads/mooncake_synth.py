@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 import random
 
-from loadtest.workload import TRACE_BLOCK_TOKENS
 from loadtest.workloads.base import History, Ids, Row, poisson
+from loadtest.workloads.core import TRACE_BLOCK_TOKENS
 
 RATE = 3.40
 INPUT_MEDIAN = 6_909

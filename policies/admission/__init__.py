@@ -26,9 +26,10 @@ without a swap on every turn: most seats end with their conversation.
 Seats only where the KV truly binds: while the demand (the last size of every conversation running,
 or that arrived or ended a turn within ``full_idle_release_s``) fits ``kv_overbook · C`` (1.1),
 both marks are ``kv_overbook · C``: nobody waits for a seat, the engine's own LRU absorbs an overflow
-that small at a small recompute (``direct`` serves 32 conversations on fp8 within 5 s with contexts
-just past its pool, where seats at 0.85 of it made turns wait 7 minutes). Past it, the marks protect
-the pool, and the excess waits at the gateway instead of thrashing the engine, within the bound below.
+that small at a small recompute (with contexts just past its pool ``direct`` serves every turn promptly,
+where seats at ``admit_water`` of it made turns wait far longer; docs/benchmarks.md, "Bounded waits").
+Past it, the marks protect the pool, and the excess waits at the gateway instead of thrashing
+the engine, within the bound below.
 
 A seat is given up when
 - its conversation has been idle ``idle_release_s`` (it ended, or its user went away);
@@ -88,15 +89,16 @@ eviction there drops a ~150k-token cache for a conversation that comes back only
 a full recompute, and when the waiters all reach the quantum together (a cohort started at once) every
 idle seat of the rank rotates. A lent turn costs one prefill of the waiter and keeps every seat, and
 each waiter still gets a turn within about the quantum. With ``rotate_by`` "evict" the quantum takes an
-idle seat, as where the KV keeps the waiter out. docs/benchmarks.md ("The seven levels") has the
-figures of both.
+idle seat, as where the KV keeps the waiter out. The runs that made "lend" the default are in the git
+history of docs/benchmarks.md (its current tables run the default).
 
 **Always** (``lend_free`` > 0, off by default): a waiter that the running cap (not the KV) keeps from a
 seat borrows a running slot for one turn (a one-shot seat, released when the turn ends) on a rank with
 at least ``lend_free`` running slots free and fewer than ``lend_max`` lent turns in flight; when the
 router believes some rank holds ``lend_cached`` of its prompt, only there (a lent turn on another rank
 recomputes its context, which under DP attention stalls every rank). It trades the median and p95 TTFT
-(every lent turn has waited) for much shorter waits for a seat: docs/benchmarks.md has the figures.
+(every lent turn has waited) for much shorter waits for a seat (measured when it was added: the git
+history of docs/benchmarks.md; its current tables leave it off).
 
 Bounded waits
 -------------
@@ -133,7 +135,8 @@ charged to a team's counter per token served), ``host_water`` 1.0, ``swap_overhe
 ``running_overbook`` 1.2, ``full_idle_release_s`` 10, ``lend_free`` 0, ``lend_max`` 1,
 ``lend_cached`` 0.5, ``wait_lead_s`` 42, ``cap_patience_s`` 15, ``cap_queue_s`` 30, ``kv_overbook`` 1.1;
 per team ``max_wait_s`` 300.
-Figures behind these choices: docs/benchmarks.md.
+Figures behind these choices: docs/benchmarks.md, "Admission control", "Bounded waits" and "Shared
+prefixes and one-shot turns".
 
 Modules, one job each: ``params.py`` (``SeatParams``), ``records.py`` (seats, waiters, running
 dispatches), ``limits.py`` (team caps, queue bounds, token rates at the door), ``sizing.py`` (seat

@@ -4,10 +4,10 @@ A seated conversation's *anchor* is the last full block of its latest prompt (``
 partial and changes as the prompt grows); a request whose fingerprint holds an anchor continues that
 conversation (``records.conversation_of``). With ``release_first_turns`` (off by default) a turn that continues
 no known conversation (key ``rid:…``) gives up its seat as soon as it finishes (``_release_first_turn``): one-shots
-held for ``idle_release_s`` filled the pool with idle seats (150 tenants at 12 requests/s waited minutes for a
-seat). It is off by default because a coding conversation's second turn would then wait for a new seat under
-pressure. Its anchor stays ``idle_release_s``, so a second turn, should one come, is known as
-that conversation and keeps its seat from then on.
+held for ``idle_release_s`` filled the pool with idle seats (the many-tenant trace: docs/benchmarks.md, "Shared
+prefixes and one-shot turns"). It is off by default because a coding conversation's second turn would then
+wait for a new seat under pressure. Its anchor stays ``idle_release_s``, so a second turn, should one come, is
+known as that conversation and keeps its seat from then on.
 """
 
 from __future__ import annotations

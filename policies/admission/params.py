@@ -51,7 +51,7 @@ class SeatParams:
     swap_overhead: float = 0.01
     running_overbook: float = 1.2
     full_idle_release_s: float = 10.0
-    # Lending (off by default; docs/benchmarks.md has the trade-off): see "Lending" in the package docstring.
+    # Lending (off by default): the trade-off is under "Lending" in the package docstring.
     lend_free: int = 0
     """A waiter that the running cap (not the KV) keeps from a seat borrows a running slot for one turn on
     a rank with at least this many running slots free (0: never lend)."""
@@ -66,9 +66,9 @@ class SeatParams:
     kv_overbook: float = 1.1
     """While the whole demand (every conversation running or seen within ``full_idle_release_s``) fits this many
     times the capacity, both marks are that: the engine's LRU absorbs a small overflow at a small recompute
-    (``direct`` serves 32 conversations on fp8 within 5 s with contexts just past its pool, where seats at 0.85
-    of it made turns wait 7 minutes); past it, the marks protect the pool (a working set of 1.5 × the pool
-    thrashes it)."""
+    (with contexts just past its pool ``direct`` serves every turn promptly, where seats at ``admit_water`` of
+    it made turns wait far longer); past it, the marks protect the pool (a working set well past it thrashes
+    it). Measured: docs/benchmarks.md, "Bounded waits"."""
     cap_patience_s: float = 15.0
     """Where only the running cap (not the KV) keeps a waiter out, it takes a free running slot on a rank after
     this long, one turn, even where seated turns would take it (``rotate_by`` "lend")."""
@@ -80,9 +80,10 @@ class SeatParams:
     past the pool lose throughput with it on (docs/benchmarks.md, "Shared prefixes and one-shot turns")."""
     release_first_turns: bool = False
     """A turn that continues no known conversation gives up its seat when it ends (``anchors.py``; its anchor
-    stays ``idle_release_s`` for a second turn). On for one-shot traffic (150 tenants at 12 requests/s held
-    idle seats for ``idle_release_s`` and waited minutes for a seat); off by default, because a coding
-    conversation's second turn then waits for a new seat under pressure."""
+    stays ``idle_release_s`` for a second turn). On for one-shot traffic (on the many-tenant trace, one-shots
+    held idle seats for ``idle_release_s`` while new requests waited for a seat: docs/benchmarks.md, "Shared
+    prefixes and one-shot turns"); off by default, because a coding conversation's second turn then waits
+    for a new seat under pressure."""
     cap_queue_s: float = 30.0
     """... and after this long it joins the engine's own queue on the rank the router chooses (its prefix's),
     no free slot needed: nothing is evicted, only a place in a queue is taken."""

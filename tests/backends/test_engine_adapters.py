@@ -14,7 +14,7 @@ from backends.engines import ENGINES, make
 from backends.engines.sglang import SGLang, parse_loads
 from backends.engines.vllm import RANK_HEADER, READ, VLLM, Scrape
 from backends.sim import vllm_ref
-from gateway.config import Config
+from gateway.config.schema import Config
 
 
 def test_the_pinned_vllm_is_installed() -> None:

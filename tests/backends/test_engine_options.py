@@ -121,7 +121,7 @@ def test_per_request_overhead_delays_the_scheduler() -> None:
 
 
 def test_gb10_single_request_speeds_are_near_the_post() -> None:
-    from loadtest.single import single_request
+    from loadtest.analysis.single import single_request
 
     p = get_profile("gb10x16-tp16-fp8")
     prefill, _ = single_request(p, 8192)

@@ -7,7 +7,7 @@ import pytest
 
 from backends.sim import profiles
 from backends.sim.profiles import get_profile
-from loadtest.simulate import SimConfig, run_one
+from loadtest.sim.simulate import SimConfig, run_one
 
 
 def test_tp4_replica_is_half_the_node_with_the_whole_model() -> None:

@@ -8,7 +8,7 @@ import httpx
 
 from backends.pool import BackendPool
 from backends.sim.testing import run_twin, spawn_twin
-from gateway.config import load_config
+from gateway.config.schema import load_config
 
 
 def test_sim_backend_serves_the_fitted_profile_with_sglang_dp_settings() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from backends.pool import BackendPool
 from backends.sim.testing import run_twin
-from gateway.config import Config
+from gateway.config.schema import Config
 from policies.admission import SeatedAdmission
 from policies.routing import RoundRobin
 from policies.types import BackendView, Dispatch, RequestFacts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.metrics import RequestRecord, percentile, summarize, team_rows
+from loadtest.results.metrics import RequestRecord, percentile, summarize, team_rows
 
 
 def _timeline() -> list[RequestRecord]:

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.pool import BackendPool
 from backends.sim import vllm_ref
 from backends.sim.testing import run_twin, twin_of
-from gateway.config import Config
+from gateway.config.schema import Config
 
 P = vllm_ref.load_protocol()
 MODEL = "moonshotai/Kimi-K2-Instruct"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.metrics import Metrics
+from gateway.observability.metrics import Metrics
 from tests.promharness import prometheus
 
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"

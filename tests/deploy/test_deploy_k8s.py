@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.config import Config
+from gateway.config.schema import Config
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 # 1.30 is the oldest release with the preStop `sleep` action; the newest is what the package bundles.

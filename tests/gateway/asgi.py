@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.types import Message
 
 from gateway.app import create_app
-from gateway.config import Config
+from gateway.config.schema import Config
 from tests.fake_upstream import SERVED
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from gateway.config import hash_key
+from gateway.config.schema import hash_key
 from tests.fake_upstream import FakeUpstream
 from tests.gateway.asgi import config, running
 
@@ -140,8 +140,8 @@ async def test_static_templates_are_remembered_and_nothing_else() -> None:
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
-    from gateway.access import AccessLog
-    from gateway.metrics import Metrics
+    from gateway.observability.access import AccessLog
+    from gateway.observability.metrics import Metrics
 
     async def ok(request: object) -> PlainTextResponse:
         return PlainTextResponse("ok")
@@ -167,7 +167,7 @@ async def test_static_templates_are_remembered_and_nothing_else() -> None:
 
 
 def test_text_lines_keep_their_format() -> None:
-    from gateway.access import AccessRecord
+    from gateway.observability.access import AccessRecord
 
     full = AccessRecord("POST", "/v1/x", "/v1/x", 429, "t", "b", "team_queue_full", 0.01234, 0.5, 1.0)
     assert full.text() == (

@@ -1,6 +1,6 @@
 """A client that reads slowly makes the gateway stop reading from upstream, not buffer.
 
-The relay writes chunk frames straight to the client's connection (gateway/relay.py, the callback
+The relay writes chunk frames straight to the client's connection (gateway/relay/events.py, the callback
 relay): past the client transport's high-water mark it pauses reading from upstream, and resumes
 when the client drains. Here the upstream floods (events as fast as the gateway takes them), the
 client stops reading: what the upstream managed to send must stop growing (kernel buffers, not the

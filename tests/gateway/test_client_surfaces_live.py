@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from backends.sim.testing import run_twin, twin_of
-from gateway.config import hash_key
+from gateway.config.schema import hash_key
 from tests.gateway.test_telemetry import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, OtlpReceiver
 from tests.harness import run_gateway
 

@@ -9,10 +9,10 @@ import orjson
 import pytest
 from starlette.datastructures import Headers
 
-from gateway.auth import KeyStore, check_token
-from gateway.config import hash_key, load_config
-from gateway.errors import GatewayError
-from gateway.openai import parse, upstream_body
+from gateway.config.schema import hash_key, load_config
+from gateway.http.errors import GatewayError
+from gateway.request.auth import KeyStore, check_token
+from gateway.surfaces.openai import parse, upstream_body
 from tests.harness import CACHEGATE, ROOT
 
 EXAMPLE = ROOT / "deploy" / "cachegate.example.yaml"
@@ -122,7 +122,7 @@ def test_workers_without_redis_refuse_to_start() -> None:
 
 
 def test_aliases_exact_then_patterns_and_targets_checked() -> None:
-    from gateway.config import Config
+    from gateway.config.schema import Config
 
     cfg = Config.model_validate(
         {

@@ -7,9 +7,9 @@ from typing import get_args
 
 import pytest
 
-from gateway.config import AdmissionSection, BreakerSection, Config, RouterSection, TeamConfig
-from gateway.metrics import REFUSAL_REASONS
-from gateway.params import parameters
+from gateway.config.params import parameters
+from gateway.config.schema import AdmissionSection, BreakerSection, Config, RouterSection, TeamConfig
+from gateway.observability.metrics import REFUSAL_REASONS
 from policies import registry
 from policies.admission import SeatedAdmission, SeatParams
 from policies.breaker import Breaker
@@ -69,7 +69,7 @@ def test_a_bad_policy_parameter_is_refused_with_its_name(section: str, value: di
 def test_the_example_config_shows_the_policies_own_defaults() -> None:
     from pathlib import Path
 
-    from gateway.config import load_config
+    from gateway.config.schema import load_config
 
     example = load_config(Path(__file__).resolve().parents[2] / "deploy" / "cachegate.example.yaml")
     for section, target in ((example.router, MinTTFT), (example.breaker, Breaker), (example.admission, SeatParams)):

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from gateway.dispatch import Dispatcher, Refused
+from gateway.request.dispatch import Dispatcher, Refused
 from policies import registry
 from policies.admission import SeatedAdmission
 from policies.core import DecisionCore

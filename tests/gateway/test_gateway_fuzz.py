@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from backends.sim.testing import run_twin
 from gateway.app import create_app
-from gateway.config import Config, hash_key
+from gateway.config.schema import Config, hash_key
 
 CASES = int(os.environ.get("CACHEGATE_FUZZ_CASES", "2000"))
 KEYS = {"key-a": "a", "key-b": "b"}

@@ -1,4 +1,4 @@
-"""``quiet_gc`` (gateway/gcpause.py): a served worker freezes its start-up objects; any other process
+"""``quiet_gc`` (gateway/http/gcpause.py): a served worker freezes its start-up objects; any other process
 that starts the app (tests) keeps its collector as it was."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from gateway.gcpause import ENV, THRESHOLDS, quiet_gc
+from gateway.http.gcpause import ENV, THRESHOLDS, quiet_gc
 
 
 def test_only_a_served_process_freezes(monkeypatch: pytest.MonkeyPatch) -> None:

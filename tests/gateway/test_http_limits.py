@@ -58,6 +58,23 @@ def _json_error(answer: bytes) -> dict:
     return orjson.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
 
 
+def _responses(s: socket.socket, n: int) -> list[tuple[int, dict[bytes, bytes], bytes]]:
+    """Read ``n`` content-length responses off a connection: (status, headers, body) each."""
+    buf, out = b"", []
+    while len(out) < n:
+        while b"\r\n\r\n" not in buf:
+            buf += s.recv(65536)
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        lines = head.split(b"\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(b":") for ln in lines[1:])}
+        size = int(headers[b"content-length"])
+        while len(buf) < size:
+            buf += s.recv(65536)
+        out.append((int(lines[0].split()[1]), headers, buf[:size]))
+        buf = buf[size:]
+    return out
+
+
 def test_unfinished_headers_get_408_and_the_connection_closes(gw: tuple[str, int]) -> None:
     answer, took = _raw(gw[0], b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
     assert answer.startswith(b"HTTP/1.1 408") and 1.3 < took < 5.0, (answer[:80], took)
@@ -75,16 +92,16 @@ def test_keep_alive_idle_timeout_and_the_next_requests_header_timeout(gw: tuple[
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.settimeout(8)
         s.sendall(get)
-        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        assert _responses(s, 1)[0][0] == 200
         time.sleep(1.0)  # within keep_alive_s: the connection is still served
         s.sendall(get)
-        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        assert _responses(s, 1)[0][0] == 200
         t0 = time.monotonic()
         assert s.recv(65536) == b"" and 1.6 < time.monotonic() - t0 < 4.0  # idle: closed after ~2 s
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.settimeout(8)
         s.sendall(get)
-        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        assert _responses(s, 1)[0][0] == 200
         s.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")  # the next request's headers never finish
         t0 = time.monotonic()
         answer = s.recv(65536)
@@ -120,23 +137,6 @@ def test_auth_edges(gw: tuple[str, int]) -> None:
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]  # the empty Bearer does not hide x-api-key
     wrong = httpx.post(url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer nope"})
     assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
-
-
-def _responses(s: socket.socket, n: int) -> list[tuple[int, dict[bytes, bytes], bytes]]:
-    """Read ``n`` content-length responses off a connection: (status, headers, body) each."""
-    buf, out = b"", []
-    while len(out) < n:
-        while b"\r\n\r\n" not in buf:
-            buf += s.recv(65536)
-        head, buf = buf.split(b"\r\n\r\n", 1)
-        lines = head.split(b"\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(b":") for ln in lines[1:])}
-        size = int(headers[b"content-length"])
-        while len(buf) < size:
-            buf += s.recv(65536)
-        out.append((int(lines[0].split()[1]), headers, buf[:size]))
-        buf = buf[size:]
-    return out
 
 
 def test_a_whole_response_written_at_once_is_a_complete_http_response(gw: tuple[str, int]) -> None:
@@ -184,6 +184,10 @@ def test_closed_endpoints_and_the_metrics_port(gw: tuple[str, int]) -> None:
     assert httpx.get(metrics).status_code == 401
     r = httpx.get(metrics, headers={"authorization": "Bearer key-a"})
     assert r.status_code == 200 and "cachegate_requests" in r.text
+    # prometheus-client's app answers: OpenMetrics to a scraper that asks for it, and nothing but /metrics
+    om = httpx.get(metrics, headers={"authorization": "Bearer key-a", "accept": "application/openmetrics-text"})
+    assert om.headers["content-type"].startswith("application/openmetrics-text") and om.text.endswith("# EOF\n")
+    assert httpx.get(metrics.replace("/metrics", "/v1/models"), headers={"api-key": "key-a"}).status_code == 404
 
 
 def test_oversized_prompt_and_deep_json_are_400_at_once(gw: tuple[str, int]) -> None:
@@ -198,72 +202,12 @@ def test_oversized_prompt_and_deep_json_are_400_at_once(gw: tuple[str, int]) -> 
     assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_complex"
 
 
-class _Transport:
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class _Cycle:
-    response_started = False
-    chunked_encoding: bool | None = None
-    expected_content_length = 0
-
-
-def test_a_whole_response_leaves_in_one_send_and_a_held_head_never_waits_past_the_loop_turn() -> None:
-    import asyncio
-    from types import SimpleNamespace
-
-    from gateway.httpserver import _OneSend
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        transport, cycle = _Transport(), _Cycle()
-        protocol = SimpleNamespace(cycle=cycle, loop=loop)
-        out = _OneSend(protocol, transport)  # type: ignore[arg-type]
-        out.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # before the response: not held
-        cycle.response_started, cycle.chunked_encoding, cycle.expected_content_length = True, False, 2
-        out.write(b"HEAD")
-        out.write(b"{}")
-        assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n", b"HEAD{}"]
-
-        # the next response on the connection: its head alone, its body late (after the turn)
-        cycle = protocol.cycle = _Cycle()
-        cycle.response_started, cycle.chunked_encoding, cycle.expected_content_length = True, False, 5
-        out.write(b"HEAD2")
-        assert transport.writes[-1] == b"HEAD{}"
-        await asyncio.sleep(0)
-        assert transport.writes[-1] == b"HEAD2"
-
-        # a chunked (streamed) response's head goes at once; close() writes anything held first
-        cycle = protocol.cycle = _Cycle()
-        cycle.response_started, cycle.chunked_encoding = True, True
-        out.write(b"HEAD3")
-        assert transport.writes[-1] == b"HEAD3"
-        cycle = protocol.cycle = _Cycle()
-        cycle.response_started, cycle.chunked_encoding, cycle.expected_content_length = True, False, 1
-        out.write(b"HEAD4")
-        out.close()
-        assert transport.writes[-1] == b"HEAD4" and transport.closed
-
-    asyncio.run(main())
-
-
 def test_the_scope_has_the_addresses_uvicorn_would_give() -> None:
     import threading
 
     import uvicorn
 
-    from gateway.httpserver import LimitedHttpToolsProtocol
+    from gateway.http.server import LimitedHttpToolsProtocol
 
     seen: list[tuple[object, object]] = []
 
@@ -294,7 +238,8 @@ def test_the_scope_has_the_addresses_uvicorn_would_give() -> None:
             time.sleep(0.02)
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            assert sock.recv(4096).endswith(b"ok")
+            sock.settimeout(10)
+            assert _responses(sock, 1)[0][2] == b"ok"
             assert seen == [(sock.getsockname(), sock.getpeername())]  # (client, server)
     finally:
         server.should_exit = True

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-import gateway.kv_learn as kv_learn
+import gateway.state.kv_learn as kv_learn
 from backends.config import BackendConfig
 from policies import registry
 from policies.engine_blocks import align_blocks

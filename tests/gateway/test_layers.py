@@ -1,14 +1,19 @@
 """Layers: ``policies/`` sits at the bottom, ``backends/`` above it (never importing ``gateway/``),
-``gateway/`` on top; and no module imports itself back through others (no import cycle). Every
-import counts, including those inside functions; only ``if TYPE_CHECKING:`` blocks are left out."""
+``gateway/`` on top; no module imports itself back through others (no import cycle); and between
+packages only the arrows of the table in ``docs/architecture.md`` ("Layers"), with no cycle among them.
+Every import counts, including those inside functions; only ``if TYPE_CHECKING:`` blocks are left out."""
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "policies", "backends", "loadtest")
+DOC = ROOT / "docs" / "architecture.md"
+# Modules that compose a package's parts from above them: a node of their own in the package graph.
+COMPOSERS = ("gateway.cli", "policies.registry")
 
 
 def _module(path: Path) -> str:
@@ -54,6 +59,7 @@ def _imports(tree: ast.AST, modules: set[str], package: str) -> set[str]:
     return found
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
     files = {_module(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
     modules = set(files)
@@ -125,3 +131,67 @@ def test_no_import_cycles() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _node(module: str) -> str:
+    """The package a module belongs to in the layers table: ``top.sub`` for a module of a subpackage
+    (however deep), ``top`` for the top package's own modules, a composer alone."""
+    if module in COMPOSERS:
+        return module
+    parts = module.split(".")
+    if len(parts) >= 2 and (ROOT / parts[0] / parts[1]).is_dir():
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def _package_arrows(graph: dict[str, set[str]]) -> dict[tuple[str, str], str]:
+    """Each arrow between packages, with one import that makes it."""
+    arrows: dict[tuple[str, str], str] = {}
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            a, b = _node(module), _node(dep)
+            if a != b:
+                arrows.setdefault((a, b), f"{module} -> {dep}")
+    return arrows
+
+
+def _table() -> dict[str, set[str]]:
+    text = DOC.read_text()
+    body = text.split("<!-- layers:begin -->", 1)[1].split("<!-- layers:end -->", 1)[0]
+    allowed: dict[str, set[str]] = {}
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0].startswith("`"):
+            continue
+        allowed[cells[0].strip("`")] = {c.strip().strip("`") for c in cells[1].split(",") if c.strip() not in ("", "—")}
+    return allowed
+
+
+def test_every_package_arrow_is_in_the_table_and_every_table_arrow_is_taken() -> None:
+    graph = _graph()
+    arrows = _package_arrows(graph)
+    allowed = _table()
+    nodes = {_node(m) for m in graph}
+    assert nodes == set(allowed), f"packages missing from the table or gone: {nodes ^ set(allowed)}"
+    unlisted = {f"{a} -> {b}": why for (a, b), why in arrows.items() if b not in allowed[a]}
+    assert not unlisted, f"imports the table in docs/architecture.md does not allow: {unlisted}"
+    unused = sorted(f"{a} -> {b}" for a, deps in allowed.items() for b in deps if (a, b) not in arrows)
+    assert not unused, f"arrows in the table no import takes (remove them): {unused}"
+
+
+def test_no_package_cycle() -> None:
+    packages: dict[str, set[str]] = {}
+    for a, b in _package_arrows(_graph()):
+        packages.setdefault(a, set()).add(b)
+    assert _cycles(packages) == []
+
+
+def test_the_service_imports_no_load_test_tool() -> None:
+    """Only the CLI, above every package, reaches ``loadtest`` or the simulated SGLang."""
+    graph = _graph()
+    bad = {
+        m: sorted(d for d in deps if d.split(".")[0] == "loadtest" or d.startswith("backends.sim"))
+        for m, deps in graph.items()
+        if m.split(".")[0] == "gateway" and m != "gateway.cli"
+    }
+    assert not {m: d for m, d in bad.items() if d}

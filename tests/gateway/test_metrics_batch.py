@@ -1,4 +1,4 @@
-"""Batched counters and gauges and one process's histograms (``gateway/metric_values.py``, ``_Batched``,
+"""Batched counters and gauges and one process's histograms (``gateway/observability/metric_values.py``, ``_Batched``,
 ``LocalHistogram``): what a scrape shows is what prometheus-client's own metrics would have shown,
 series by series, exemplars included."""
 
@@ -12,9 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from gateway import metric_values
-from gateway.metric_values import Counter, Gauge, LocalHistogram
-from gateway.metrics import TTFT_BUCKETS, Metrics
+from gateway.observability import metric_values
+from gateway.observability.metric_values import Counter, Gauge, LocalHistogram
+from gateway.observability.metrics import TTFT_BUCKETS, Metrics
 
 
 def _scrape(registry: CollectorRegistry) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """A backend serving /v1/messages or /v1/responses itself (passthrough) that breaks off mid-stream:
 the client gets the bytes so far, then one error event in its surface's shape (not chat's
 ``data: {"error": …}`` + ``[DONE]``), and the request counts as failed. The same for a translated
-surface whose upstream chat stream breaks off (both run on the one relay loop, gateway/relay.py)."""
+surface whose upstream chat stream breaks off (both run on the one relay loop, gateway/relay/events.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from gateway.config import Config
+from gateway.config.schema import Config
 from tests.fake_upstream import free_port
 from tests.gateway.asgi import running
 

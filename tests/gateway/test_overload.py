@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from backends.failures import backend_fault, stream_fault
-from gateway.config import OverloadConfig
-from gateway.overload import Overload
+from gateway.config.schema import OverloadConfig
+from gateway.request.overload import Overload
 from tests.fake_upstream import FakeUpstream, script_events
 from tests.gateway.test_proxy import write_config
 from tests.harness import run_gateway

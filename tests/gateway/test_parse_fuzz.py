@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import GatewayError
-from gateway.openai import parse, upstream_body
+from gateway.http.errors import GatewayError
+from gateway.surfaces.openai import parse, upstream_body
 from policies.prefix import request_fingerprint
 
 json_values = st.recursive(

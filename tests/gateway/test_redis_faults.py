@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gateway.redis_scripts import live_leases
-from gateway.state import RedisState
-from loadtest.procs import RedisServer
+from gateway.state.redis_scripts import live_leases
+from gateway.state.replicas import RedisState
+from loadtest.bench.procs import RedisServer
 
 pytestmark = pytest.mark.redis
 HB, TTL, LIMIT = 0.25, 2.0, 4

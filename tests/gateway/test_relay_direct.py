@@ -1,4 +1,4 @@
-"""The callback relay's per-chunk paths (gateway/wire.py ``WireResponse.direct``, gateway/relay.py
+"""The callback relay's per-chunk paths (gateway/http/wire.py ``WireResponse.direct``, gateway/relay/events.py
 ``_relay_direct``), driven without sockets: the same upstream stream cut into reads every way (one
 frame per read, several per read, frames split anywhere, upper-case sizes, CRLF and multi-line
 events) must reach the client byte for byte as the task relay sends it, with the same accounting."""
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gateway.proxy import Result, StreamWatch
-from gateway.relay import SseFilter, relay_events
-from gateway.wire import WireResponse
+from gateway.http.wire import WireResponse
+from gateway.relay.events import SseFilter, relay_events
+from gateway.relay.proxy import Result, StreamWatch
 from tests.fake_upstream import USAGE, chunk
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"

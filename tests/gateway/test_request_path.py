@@ -84,7 +84,7 @@ async def test_an_upstream_error_passes_through_and_the_seat_is_given_back(upstr
 
 
 def test_request_ids_are_random_and_unique_across_refills() -> None:
-    from gateway.lifecycle import request_id
+    from gateway.request.lifecycle import request_id
 
     ids = [request_id() for _ in range(600)]  # more than one 4 KiB draw (256 ids)
     assert len(set(ids)) == len(ids)

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from backends.sim.testing import run_twin, twin_of
-from gateway.redis_scripts import live_leases
-from loadtest.procs import RedisServer
+from gateway.state.redis_scripts import live_leases
+from loadtest.bench.procs import RedisServer
 from tests.harness import run_gateway
 
 MODEL = "moonshotai/Kimi-K2-Instruct"

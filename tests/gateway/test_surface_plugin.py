@@ -14,9 +14,9 @@ import orjson
 import pytest
 
 from gateway.app import default_surfaces
-from gateway.config import hash_key
-from gateway.errors import GatewayError
-from gateway.surface import ClientRequest, ErrorReply, Surface, Target, TranslatingRelay, UpstreamCall
+from gateway.config.schema import hash_key
+from gateway.http.errors import GatewayError
+from gateway.surfaces.base import ClientRequest, ErrorReply, Surface, Target, TranslatingRelay, UpstreamCall
 from tests.fake_upstream import SERVED, FakeUpstream
 from tests.gateway.asgi import config, running
 
@@ -185,8 +185,8 @@ class CrashingSurface(ShoutSurface):
 
 
 async def test_a_crash_on_a_surface_is_a_500_in_its_envelope(upstream: FakeUpstream) -> None:
-    # The surfaces' POSTs skip Starlette's error middleware (gateway/app.py GatewayApp): the request
-    # path answers its own crashes, in the surface's envelope, and the access log counts a 500.
+    # The request path answers its own crashes in the surface's envelope (Starlette's error middleware,
+    # on every route, would answer in OpenAI's), and the access log counts a 500.
     async with _app(upstream.url, CrashingSurface()) as (app, _):
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:

@@ -26,8 +26,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from backends.sim.server import DEFAULT_MODEL
 from backends.sim.testing import run_twin
-from gateway.config import TelemetryConfig
-from gateway.telemetry import NULL_TRACE, Telemetry, traces_url
+from gateway.config.schema import TelemetryConfig
+from gateway.observability.telemetry import NULL_TRACE, Telemetry, traces_url
 from tests.harness import run_gateway
 
 KIND_SERVER, KIND_CLIENT, KIND_INTERNAL = 2, 3, 1
@@ -385,7 +385,7 @@ def test_sampled_parent_is_honoured_and_exemplar_has_trace_id() -> None:
 
 
 def test_record_content_only_when_enabled() -> None:
-    from gateway.openai import parse
+    from gateway.surfaces.openai import parse
 
     req = parse(b'{"model": "m", "messages": [{"role": "user", "content": "' + SECRET.encode() + b'"}]}', "chat")
     for record, expect in ((False, False), (True, True)):

@@ -1,4 +1,4 @@
-"""The lean upstream client (gateway/wire.py) and the relay (gateway/relay.py) over real loopback sockets.
+"""The lean upstream client (gateway/http/wire.py) and the relay (gateway/relay/events.py) over real loopback sockets.
 
 A raw asyncio server plays the upstream so each test controls the exact bytes and their split
 across TCP writes: chunked bodies cut at every position, keep-alive reuse, a server that closed an
@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import wire_pool
-from gateway.proxy import Result, StreamWatch, read_body
-from gateway.relay import relay_sse
-from gateway.wire import SILENCE
-from gateway.wire_pool import WireClient
+from gateway.http import wire_pool
+from gateway.http.wire import SILENCE
+from gateway.http.wire_pool import WireClient
+from gateway.relay.events import relay_sse
+from gateway.relay.proxy import Result, StreamWatch, read_body
 from tests.fake_upstream import USAGE, chunk
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -1,4 +1,4 @@
-"""How the lean upstream client (gateway/wire.py) frames responses with llhttp, over real loopback
+"""How the lean upstream client (gateway/http/wire.py) frames responses with llhttp, over real loopback
 sockets: what ends a response, when a connection may be reused, and what is malformed.
 
 tests/gateway/test_wire_hostile.py runs the same malformations end to end through a gateway.
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import wire
-from gateway.wire import UpstreamMalformed, WireResponse
+from gateway.http import wire
+from gateway.http.wire import UpstreamMalformed, WireResponse
 from tests.gateway.test_wire import client, read_request, server
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi"

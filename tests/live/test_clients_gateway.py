@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from backends.sim.testing import run_twin
-from gateway.config import hash_key
+from gateway.config.schema import hash_key
 from tests.harness import run_gateway
 from tests.live.clients import run_aider, run_claude, run_codex
 

@@ -20,7 +20,7 @@ pytest.importorskip("zmq", reason="pyzmq is the kv-events extra (pulled in by [d
 from backends.sim.chat_template import render_chat
 from backends.sim.testing import free_port, run_twin, twin_of
 from backends.sim.tokenizer import text_blocks
-from gateway.config import Config
+from gateway.config.schema import Config
 from policies.prefix import request_fingerprint, total_tokens
 from policies.prefix_index import PrefixIndex
 from policies.types import RequestFacts

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from backends.sim.server import DEFAULT_MODEL
 from backends.sim.testing import run_twin
-from gateway.metrics import Metrics
+from gateway.observability.metrics import Metrics
 from tests.conftest import _need_redis
 from tests.harness import run_gateway
 

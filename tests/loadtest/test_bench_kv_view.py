@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtest import bench_kv_view
-from loadtest.sim_live import _load_config, build_core
+from loadtest.bench import kv_view as bench_kv_view
+from loadtest.sim.live import _load_config, build_core
 
 
 def test_the_one_shot_variants_turn_both_options_on(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench_scale import CGROUP_CPU, CgroupUnavailable, cpu_limit, cpu_seconds, workers_of
+from loadtest.bench.scale import CGROUP_CPU, CgroupUnavailable, cpu_limit, cpu_seconds, workers_of
 
 
 def test_a_directory_that_is_no_cgroup_is_refused_clearly(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import struct
 import time
 
 from backends.sim.testing import free_port
-from loadtest.chaos_proxy import FaultProxy, Meter
+from loadtest.chaos.proxy import FaultProxy, Meter
 
 BODY = b'{"model":"m","user":"a","stream":true}'
 REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(BODY), BODY)

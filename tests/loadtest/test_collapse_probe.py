@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadtest.collapse_probe import probe
+from loadtest.analysis.collapse_probe import probe
 
 
 def test_one_backend_never_switches_and_two_replicas_do() -> None:

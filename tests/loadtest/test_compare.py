@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from gateway.cli import app
-from loadtest.compare import STACKS, Cell, from_json, judge, summary
+from loadtest.analysis.compare import STACKS, Cell, from_json, judge, summary
 
 
 def row(tpm: float, p50: float, p95: float, longest: float) -> dict:

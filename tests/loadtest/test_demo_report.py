@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from loadtest.demo_report import meaning, verdict, write_demo_report
-from loadtest.fullscale import published
+from loadtest.demo.fullscale import published
+from loadtest.demo.report import meaning, verdict, write_demo_report
 from tests.loadtest.test_report import _check_png
 
 
@@ -102,7 +102,7 @@ def test_report_page_plots_and_meaning(tmp_path: Path) -> None:
 def test_fullscale_figures_are_reused_only_for_the_same_code_and_runs(tmp_path: Path) -> None:
     import orjson
 
-    from loadtest.fullscale import FullScale, code_key
+    from loadtest.demo.fullscale import FullScale, code_key
 
     cache = tmp_path / "fullscale-cache.json"
     probe = FullScale(minutes=1, levels=(8,), jobs=1, cache=cache)  # no cache yet: it simulates

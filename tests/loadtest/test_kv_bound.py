@@ -1,12 +1,12 @@
-"""The GPU pool's bound on waiting (``loadtest/kv_bound.py``): zero while the in-flight contexts fit the
+"""The GPU pool's bound on waiting (``loadtest/analysis/kv_bound.py``): zero while the in-flight contexts fit the
 pool, positive and below the measured waits when they do not."""
 
 from __future__ import annotations
 
 import pytest
 
-from loadtest.kv_bound import measure, p95_floor, shaped_p95_floor
-from loadtest.simulate import SimConfig
+from loadtest.analysis.kv_bound import measure, p95_floor, shaped_p95_floor
+from loadtest.sim.simulate import SimConfig
 
 
 def test_p95_floor_is_what_a_capped_set_of_waits_with_that_mean_needs() -> None:

@@ -15,9 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gateway.cli import app
-from loadtest.client import LevelState, LiveConfig, run_level
-from loadtest.demo import DemoConfig, free_port, run_demo
-from loadtest.workload import CodingAgent
+from loadtest.demo.run import DemoConfig, free_port, run_demo
+from loadtest.live.client import LevelState, LiveConfig, run_level
+from loadtest.workloads.core import CodingAgent
 
 
 @pytest.fixture

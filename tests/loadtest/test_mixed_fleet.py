@@ -1,13 +1,13 @@
 """A mixed fleet in the simulator (``--profile A+B``): each backend runs its own profile, a vLLM variant is
-seen as vLLM reports itself, and ``loadtest/mixed_fleet.py`` sets the gateway beside the partition (each
+seen as vLLM reports itself, and ``loadtest/analysis/mixed_fleet.py`` sets the gateway beside the partition (each
 engine alone with half the conversations)."""
 
 from __future__ import annotations
 
-from loadtest import mixed_fleet
-from loadtest.sim_driver import SimPool
-from loadtest.simulate import SimConfig, Simulator, build_core, default_engine_factory, fleet_profiles
-from loadtest.workload_spec import make_workload
+from loadtest.analysis import mixed_fleet
+from loadtest.sim.driver import SimPool
+from loadtest.sim.simulate import SimConfig, Simulator, build_core, default_engine_factory, fleet_profiles
+from loadtest.workloads.spec import make_workload
 
 SGLANG, VLLM = "gb10x16-tp4pp4-fp8", "gb10x16-tp4pp4-fp8-vllm"
 

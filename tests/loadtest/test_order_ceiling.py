@@ -1,4 +1,4 @@
-"""The waiting order's ceiling (``loadtest/order_ceiling.py``): the engine admits its waiting queue in
+"""The waiting order's ceiling (``loadtest/analysis/order_ceiling.py``): the engine admits its waiting queue in
 the order asked for, and everything else stays the engine's own."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from backends.sim.engine import EngineRequest
 from backends.sim.profiles import get_profile
-from loadtest.order_ceiling import OrderedEngine, run
-from loadtest.simulate import SimConfig
+from loadtest.analysis.order_ceiling import OrderedEngine, run
+from loadtest.sim.simulate import SimConfig
 from tests.backends.test_engine import blocks, by_kind
 
 # A pool that runs one of the waiting requests at a time, so their first tokens come in admission order.

@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gateway.cli import app
-from loadtest.plan import PlanConfig, Planner, Targets, parse_teams, run_plan
+from loadtest.plan.recommend import PlanConfig, Planner, Targets, parse_teams, run_plan
 
 SMALL = dict(
     profiles=["tiny"],
@@ -91,7 +91,7 @@ def test_cli_writes_frontier_and_snippet(tmp_path: Path) -> None:
 
 
 def test_the_plan_simulates_and_writes_the_wait_bound() -> None:
-    from loadtest.plan import bound_config, teams_config
+    from loadtest.plan.recommend import bound_config, teams_config
 
     teams = parse_teams("a:4:2,b:2:1")
     targets = Targets(max_wait_s=90.0)
@@ -100,7 +100,7 @@ def test_the_plan_simulates_and_writes_the_wait_bound() -> None:
     searched = bound_config(teams, targets)["teams"]
     assert searched["a"] == {"max_concurrency": 8, "max_queue": 8, "queue_timeout_s": 300.0, "max_wait_s": 90.0}
     # the core the search builds plans for that bound
-    from loadtest.sim_live import build_core
+    from loadtest.sim.live import build_core
 
     core = build_core("gateway", config=bound_config(teams, targets))
     assert core.team("a", 0.0).limits.max_wait_s == 90.0  # type: ignore[union-attr]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from loadtest.report import PLOTS, comparison_table, markdown_table, write_report
+from loadtest.results.tables import PLOTS, comparison_table, markdown_table, write_report
 
 
 def _rows() -> list[dict]:

@@ -1,10 +1,10 @@
-"""`python -m loadtest.docs`: tables and shape checks from runs, and it keeps others' sections."""
+"""`python -m loadtest.docs.sim_tables`: tables and shape checks from runs, and it keeps others' sections."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from loadtest.docs import COLLAPSING, LEVELS, PROFILES, collapse_check, shape_checks, write_docs
+from loadtest.docs.sim_tables import COLLAPSING, LEVELS, PROFILES, collapse_check, shape_checks, write_docs
 
 
 def _rows(bf16: dict[int, float], steady: dict[int, float] | None = None) -> list[dict]:
@@ -51,7 +51,7 @@ def test_docs_written_and_other_sections_kept(tmp_path: Path) -> None:
     assert "| 16 | 4.50M | 5.66M |" in bench and "PASS: bf16 collapses" in bench
     cal = (tmp_path / "calibration.md").read_text()
     assert "| b300-dp8-fp8 (good) | 48 | 6.00M | 20.23M | 0.30 |" in cal
-    assert "python -m loadtest.docs" in cal
+    assert "python -m loadtest.docs.sim_tables" in cal
     assert "--warm-start" in cal  # the steady-state commands are listed
 
 

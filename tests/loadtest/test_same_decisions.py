@@ -1,5 +1,5 @@
-"""One event sequence through the live dispatcher (gateway/dispatch.py, asyncio, in-process) and
-through the simulator's driver (loadtest/sim_driver.py): the same decisions, in the same order."""
+"""One event sequence through the live dispatcher (gateway/request/dispatch.py, asyncio, in-process) and
+through the simulator's driver (loadtest/sim/driver.py): the same decisions, in the same order."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from gateway.dispatch import Dispatcher, Refused
-from loadtest.sim_driver import LiveFacts, SimDriver
+from gateway.request.dispatch import Dispatcher, Refused
+from loadtest.sim.driver import LiveFacts, SimDriver
 from policies import registry
 from policies.core import DecisionCore
 from policies.types import BackendView, Decision, Dispatch, Outcome, RequestFacts

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from backends.sim.engine import EngineCounters, EngineEvent, RankLoad
-from loadtest.simulate import SimConfig, Simulator, build_core, run_one
-from loadtest.workload import CodingAgent, parse_teams
-from loadtest.workload_spec import make_workload
+from loadtest.sim.simulate import SimConfig, Simulator, build_core, run_one
+from loadtest.workloads.core import CodingAgent, parse_teams
+from loadtest.workloads.spec import make_workload
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import loadtest.sim_kv_view as kv
-from loadtest.simulate import SimConfig, run_one
+import loadtest.sim.kv_view as kv
+from loadtest.sim.simulate import SimConfig, run_one
 from policies.kv_view import PreciseIndex
 
 

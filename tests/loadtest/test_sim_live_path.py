@@ -10,9 +10,9 @@ import pytest
 
 from backends.sim.engine import Engine, RankLoad
 from backends.sim.profiles import get_profile
-from loadtest.sim_driver import Faults, LiveFacts, SimPool, parse_unhealthy
-from loadtest.simulate import SimConfig, Simulator, build_core, default_engine_factory
-from loadtest.workload_spec import make_workload
+from loadtest.sim.driver import Faults, LiveFacts, SimPool, parse_unhealthy
+from loadtest.sim.simulate import SimConfig, Simulator, build_core, default_engine_factory
+from loadtest.workloads.spec import make_workload
 from policies.core import DecisionCore
 from policies.types import RequestFacts
 

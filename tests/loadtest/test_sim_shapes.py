@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadtest.simulate import SimConfig, run_one
+from loadtest.sim.simulate import SimConfig, run_one
 
 
 def _tpm(profile: str, n: int) -> int:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from backends.sim.profiles import U_ATTN, get_profile
-from loadtest import ttft_floor
-from loadtest.workload import CodingAgent
+from loadtest.analysis import ttft_floor
+from loadtest.workloads.core import CodingAgent
 
 
 def test_turn_sizes_add_up_to_each_prompt() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from loadtest.workload import CodingAgent
+from loadtest.workloads.core import CodingAgent
 
 
 def test_first_conversation_enters_midway_with_its_history() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from backends.sim.tokenizer import text_blocks
-from loadtest.workload import (
+from loadtest.workloads.core import (
     PREFIX_TOKENS,
     CodingAgent,
     PromptChain,
@@ -18,7 +18,7 @@ from loadtest.workload import (
     parse_teams,
     segment_blocks,
 )
-from loadtest.workload_spec import make_workload
+from loadtest.workloads.spec import make_workload
 from tests.harness import ROOT
 
 # The public trace ships beside the repository (shared/traces/), not in it.

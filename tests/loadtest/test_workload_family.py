@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import routing_family
-from loadtest.workload import TRACE_BLOCK_TOKENS, parse_teams
-from loadtest.workload_spec import make_workload
+from loadtest.analysis import routing_family
 from loadtest.workloads import FAMILY, chat
 from loadtest.workloads.__main__ import stats
+from loadtest.workloads.core import TRACE_BLOCK_TOKENS, parse_teams
 from loadtest.workloads.documents import DOCS
+from loadtest.workloads.spec import make_workload
 from policies.routers.min_ttft import MinTTFT
 
 HORIZON = 900.0
@@ -123,7 +123,7 @@ def _describe(value: object) -> str:
 
 def test_router_parameters_do_not_depend_on_the_workload() -> None:
     """One configuration for every member: the comparison's cores build the same router."""
-    from loadtest.sim_live import build_core
+    from loadtest.sim.live import build_core
 
     names = [p for p in inspect.signature(MinTTFT.__init__).parameters if p != "self"]
     seen = {}

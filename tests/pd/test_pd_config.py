@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from backends.config import pd_backends
 from backends.pool import BackendPool
 from gateway.cli import app
-from gateway.config import load_config
+from gateway.config.schema import load_config
 
 
 def _config(backends: list[dict[str, object]]) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""gateway/pd_hop.py over real sockets: scripted prefill and decode servers (raw asyncio HTTP/1.1),
+"""gateway/request/pd_hop.py over real sockets: scripted prefill and decode servers (raw asyncio HTTP/1.1),
 each recording what it got and when its connection closed."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import orjson
 import pytest
 
 from backends.pool import BackendPool
-from gateway.config import load_config
-from gateway.pd_hop import PdHop, PrefillFailed, PrefillRefused
-from gateway.spans import NULL_TRACE
-from gateway.wire_pool import WireClient
+from gateway.config.schema import load_config
+from gateway.http.wire_pool import WireClient
+from gateway.observability.spans import NULL_TRACE
+from gateway.request.pd_hop import PdHop, PrefillFailed, PrefillRefused
 
 FP = ((1, 100), (2, 100))
 BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "bootstrap_room": 1})

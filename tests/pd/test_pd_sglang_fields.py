@@ -7,7 +7,7 @@ import orjson
 
 from backends.sim import sglang_ref
 from backends.sim.disagg import NO_ROOM, check_fields
-from gateway.pd_hop import ROOM_BITS, ROUTING_FIELDS, leg_bodies
+from gateway.request.pd_hop import ROOM_BITS, ROUTING_FIELDS, leg_bodies
 
 P = sglang_ref.load_protocol()
 

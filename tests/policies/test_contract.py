@@ -30,7 +30,7 @@ CORE_NAMES = {"core", "self.core", "gw.core", "self.gw.core", "sim.core"}
 ALLOWED_PROBES = {
     # An exception propagating through the admission span may be a ``Refused`` (it carries the
     # refusal); not a policy object.
-    ("gateway/spans.py", 'hasattr(exc, "refusal")'),
+    ("gateway/observability/spans.py", 'hasattr(exc, "refusal")'),
 }
 
 

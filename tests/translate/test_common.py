@@ -6,7 +6,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.translate.common import ChatUsage, SSEDecoder, parse_arguments, read_upstream_error, sse_event
+from gateway.surfaces.translate.common import ChatUsage, SSEDecoder, parse_arguments, read_upstream_error, sse_event
 from tests.translate.chat import JSON_VALUES
 
 PAYLOADS = st.lists(st.dictionaries(st.text(max_size=5), JSON_VALUES, max_size=3), max_size=6)

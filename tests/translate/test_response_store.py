@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.response_store import MemoryResponseStore, RedisResponseStore, StoredResponse
+from gateway.surfaces.response_store import MemoryResponseStore, RedisResponseStore, StoredResponse
 
 
 def record(

@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.sim import sglang_ref
-from gateway.translate import messages as M
-from gateway.translate import responses as R
+from gateway.surfaces.translate import messages as M
+from gateway.surfaces.translate import responses as R
 from tests.translate.chat import Turn, turns
-from tests.translate.test_messages import TOOL as ANTHROPIC_TOOL
-from tests.translate.test_messages import next_turn
-from tests.translate.test_responses import PATCH_TOOL, TOOL, back_to_chat
+from tests.translate.messages_helpers import TOOL as ANTHROPIC_TOOL
+from tests.translate.messages_helpers import next_turn
+from tests.translate.responses_helpers import PATCH_TOOL, TOOL, back_to_chat
 
 ChatCompletionRequest = sglang_ref.load_protocol().ChatCompletionRequest
 

@@ -13,11 +13,11 @@ from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.responses import Response, ResponseStreamEvent
 
 from backends.sim.testing import run_twin
-from gateway.translate import messages as M
-from gateway.translate import responses as R
-from gateway.translate.common import SSEDecoder
-from gateway.translate.messages_stream import MessagesStream
-from gateway.translate.responses_stream import ResponsesStream
+from gateway.surfaces.translate import messages as M
+from gateway.surfaces.translate import responses as R
+from gateway.surfaces.translate.common import SSEDecoder
+from gateway.surfaces.translate.messages_stream import MessagesStream
+from gateway.surfaces.translate.responses_stream import ResponsesStream
 
 ASK = "Please call read_file on README.md."
 RESP_TOOL = {
