@@ -36,7 +36,7 @@ class KeyStore:
             )
         team = None
         for key in keys:
-            digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+            digest = hashlib.sha256(_sent_bytes(key)).digest()
             # Compare against every digest so timing says nothing about which (if any) matched.
             for known, known_team in self._digests:
                 if hmac.compare_digest(digest, known) and team is None:
@@ -76,4 +76,16 @@ def check_token(presented: str | None, expected: str | None) -> bool:
     """Constant-time check of an admin token (False when the admin API is off)."""
     if not expected or not presented:
         return False
-    return hmac.compare_digest(hashlib.sha256(presented.encode()).digest(), hashlib.sha256(expected.encode()).digest())
+    return hmac.compare_digest(
+        hashlib.sha256(_sent_bytes(presented)).digest(), hashlib.sha256(expected.encode()).digest()
+    )
+
+
+def _sent_bytes(key: str) -> bytes:
+    """The bytes the client sent: ASGI servers decode header values as latin-1, so encoding back gives
+    them (a key configured as ``clé`` and sent in UTF-8 matches its UTF-8 digest); a str that never
+    came off the wire (no latin-1 form) is taken as UTF-8."""
+    try:
+        return key.encode("latin-1")
+    except UnicodeEncodeError:
+        return key.encode("utf-8", "surrogateescape")

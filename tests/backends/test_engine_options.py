@@ -10,7 +10,7 @@ from backends.sim import profiles
 from backends.sim.engine import Engine, EngineRequest
 from backends.sim.profile_constants import DCP_COLLECTIVE_S
 from backends.sim.profiles import get_profile
-from tests.backends.test_engine import blocks, by_kind, run
+from tests.backends.sim.test_engine import blocks, by_kind, run
 
 
 def first_token(e: Engine, rid: str, events: list) -> float:

@@ -19,7 +19,7 @@ import yaml
 
 from backends.sim.testing import run_twin, twin_of
 from gateway.config.schema import hash_key
-from tests.gateway.test_telemetry import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, OtlpReceiver
+from tests.gateway.observability.test_telemetry import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, OtlpReceiver
 from tests.harness import run_gateway
 
 pytestmark = pytest.mark.slow  # real processes: a gateway and twins per mode
@@ -203,7 +203,8 @@ def test_errors_in_each_surface_envelope(stack: tuple[str, str]) -> None:
 def test_upstream_errors_in_each_surface_envelope(stack: tuple[str, str]) -> None:
     """A request longer than the context: since issue 14 the gateway refuses it itself (400
     ``context_length_exceeded``: it knows the window), before the twin would (SGLang's flat 400);
-    each surface answers it in its own envelope. (An engine 400 relayed: tests/gateway/test_telemetry.py.)"""
+    each surface answers it in its own envelope. (An engine 400 relayed:
+    tests/gateway/observability/test_telemetry.py.)"""
     gw, _ = stack
     huge = 10_000_000
     with pytest.raises(anthropic.BadRequestError) as a_err:

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.sim.server import DEFAULT_MODEL
 from backends.sim.testing import run_twin
 from deploy.grafana.generate import all_queries
-from tests.gateway.test_telemetry import OtlpReceiver
+from tests.gateway.observability.test_telemetry import OtlpReceiver
 from tests.harness import run_gateway
 from tests.promharness import prometheus
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.fake_upstream import SERVED, FakeUpstream
-from tests.gateway.test_telemetry import OtlpReceiver
+from tests.gateway.observability.test_telemetry import OtlpReceiver
 from tests.harness import run_gateway
 
 BODY = {"model": "kimi", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 8}

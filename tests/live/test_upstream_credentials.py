@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.fake_upstream import SERVED, FakeUpstream
-from tests.gateway.test_telemetry import OtlpReceiver
+from tests.gateway.observability.test_telemetry import OtlpReceiver
 from tests.harness import run_gateway
 
 SECRET = "sk-upstream-7f3c9e1d5b2a4c6e8f0a1b3c5d7e9f2a"

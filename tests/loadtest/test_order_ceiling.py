@@ -9,7 +9,7 @@ from backends.sim.engine import EngineRequest
 from backends.sim.profiles import get_profile
 from loadtest.analysis.order_ceiling import OrderedEngine, run
 from loadtest.sim.simulate import SimConfig
-from tests.backends.test_engine import blocks, by_kind
+from tests.backends.sim.test_engine import blocks, by_kind
 
 # A pool that runs one of the waiting requests at a time, so their first tokens come in admission order.
 POOL = 25_000

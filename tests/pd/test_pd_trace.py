@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from backends.sim.testing import free_port, run_twin
-from tests.gateway.test_telemetry import KIND_CLIENT, OtlpReceiver
+from tests.gateway.observability.test_telemetry import KIND_CLIENT, OtlpReceiver
 from tests.harness import run_gateway
 
 

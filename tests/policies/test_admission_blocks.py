@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 
 from policies.admission import SeatedAdmission, SeatParams
-from policies.admission.blocks import SlotBlocks
 from policies.routing import RoundRobin
 from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts
 
@@ -41,21 +40,6 @@ def core(kv: int, **params: float | bool) -> SeatedAdmission:
 
 def went(decisions: list) -> list[str]:
     return [d.rid for d in decisions if isinstance(d, Dispatch)]
-
-
-def test_slot_blocks_count_shared_blocks_once() -> None:
-    b = SlotBlocks()
-    a, c = fp(1, 2, 3), fp(1, 2, 4)
-    assert b.add(a) == 0
-    assert b.add(c) == 2 * B  # blocks 1 and 2 were held already
-    assert b.held_prefix(fp(1, 2, 5)) == 2 * B
-    assert b.held_prefix(fp(1, 2, 3, 6)) == 3 * B
-    assert b.held_prefix(fp(7)) == 0
-    assert b.shared_of(a) == 2 * B
-    assert b.remove(a) == 2 * B  # 1 and 2 stay held by c
-    assert b.shared_of(c) == 0
-    assert b.remove(c) == 0
-    assert b.refs == {}
 
 
 def test_a_shared_prefix_is_reserved_once() -> None:

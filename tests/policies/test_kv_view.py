@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from policies.engine_blocks import digest_to_block_hash, token_block_hashes
 from policies.kv_view import BlockMap, EngineMirror, Message, PreciseIndex
 
 
@@ -113,18 +112,3 @@ def test_block_map_learned_and_bounded() -> None:
     assert bm.learn([(1, 10), (2, 20)]) == 2
     assert bm.learn([(3, 30)]) == 1
     assert bm.get(1) is None and bm.get(3) == 30 and len(bm) == 2
-
-
-def test_sglang_block_hash_chain() -> None:
-    """SHA-256 over (prior digest ‖ uint32 little-endian ids), int64 of the first 8 bytes, big-endian."""
-    import hashlib
-    import struct
-
-    ids = list(range(10))
-    d0 = hashlib.sha256(struct.pack("<4I", *ids[:4])).digest()
-    d1 = hashlib.sha256(d0 + struct.pack("<4I", *ids[4:8])).digest()
-    assert token_block_hashes(ids, 4) == [digest_to_block_hash(d0), digest_to_block_hash(d1)]
-    # SGLang's hash_str_to_int64 on the hex digest gives the same integer
-    hx = d0.hex()
-    u = int(hx[:16], 16)
-    assert digest_to_block_hash(d0) == (u - 2**64 if u >= 2**63 else u)

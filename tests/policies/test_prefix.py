@@ -1,4 +1,4 @@
-"""The prefix fingerprint (policies/prefix.py) and the per-slot prefix index (policies/prefix_index.py)."""
+"""The prefix fingerprint (policies/prefix.py); the per-slot index over it is tests/policies/test_prefix_index.py."""
 
 from __future__ import annotations
 
@@ -7,8 +7,15 @@ import random
 
 import pytest
 
-from policies.prefix import BLOCK_BYTES, fingerprint, from_blocks, render, request_fingerprint, total_tokens
-from policies.prefix_index import BlockLRU, PrefixIndex, cumulative_tokens
+from policies.prefix import (
+    BLOCK_BYTES,
+    fingerprint,
+    from_blocks,
+    held_blocks,
+    render,
+    request_fingerprint,
+    total_tokens,
+)
 
 RATIO = 0.25
 
@@ -190,79 +197,29 @@ def test_from_blocks_keeps_simulator_blocks() -> None:
     assert from_blocks(blocks) == ((11, 512), (22, 512), (33, 97))
 
 
-# -- index -----------------------------------------------------------------------------------------
+def test_held_blocks_counts_the_leading_blocks_held() -> None:
+    fp = ((1, 10), (2, 10), (3, 10), (4, 5))
+    assert held_blocks(fp, set()) == 0
+    assert held_blocks(fp, {1, 2}) == 2
+    assert held_blocks(fp, {1, 2, 3, 4, 99}) == 4
+    assert held_blocks((), {1}) == 0
+    assert total_tokens(fp) == 35 and total_tokens(()) == 0
 
 
-def _chain(label: str, sizes: list[int], parent: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
-    out = list(parent)
-    for i, n in enumerate(sizes):
-        out.append((hash((out[-1][0] if out else 0, label, i)) & ((1 << 62) - 1), n))
-    return tuple(out)
+def test_held_blocks_is_a_binary_search() -> None:
+    """Keys are chained, so what is held of a prompt is a prefix of it: ``log2(n)`` lookups, not ``n``."""
 
+    class Counting(set):
+        lookups = 0
 
-def test_matched_tokens_is_the_held_prefix() -> None:
-    idx = PrefixIndex(default_capacity=10_000)
-    base = _chain("sys", [500, 500])
-    turn1 = _chain("a", [300, 200], base)
-    idx.insert("x", turn1)
-    assert idx.matched_tokens("x", turn1) == 1500
-    turn2 = _chain("a2", [400], turn1)
-    assert idx.matched_tokens("x", turn2) == 1500
-    other = _chain("b", [300], base)
-    assert idx.matched_tokens("x", other) == 1000
-    assert idx.matched_tokens("y", turn1) == 0
-    cum = cumulative_tokens(turn2)
-    assert idx.matched_tokens("x", turn2, cum) == 1500
-    assert idx.match_all(turn2, ["x", "y"]) == {"x": 1500, "y": 0}
+        def __contains__(self, key: object) -> bool:
+            Counting.lookups += 1
+            return super().__contains__(key)
 
-
-def test_lru_evicts_least_recent_within_capacity() -> None:
-    idx = PrefixIndex(default_capacity=3000)
-    a, b, c = _chain("a", [1000]), _chain("b", [1000]), _chain("c", [1000])
-    idx.insert("s", a)
-    idx.insert("s", b)
-    idx.insert("s", c)
-    assert idx.held_tokens("s") == 3000
-    idx.insert("s", a)  # touch a: b is now the oldest
-    d = _chain("d", [1000])
-    idx.insert("s", d)
-    assert idx.held_tokens("s") <= 3000
-    assert [idx.matched_tokens("s", x) for x in (a, b, c, d)] == [1000, 0, 1000, 1000]
-
-
-def test_eviction_takes_leaves_first_and_respects_resize() -> None:
-    lru = BlockLRU(capacity_tokens=10 * 256)
-    long = _chain("conv", [256] * 16)
-    lru.insert(long)
-    assert lru.tokens <= 10 * 256
-    held = lru.matched_blocks(long)
-    assert held == 10  # the root side stays, as in the engine's radix cache
-    assert all(k in lru for k, _ in long[:held]) and not any(k in lru for k, _ in long[held:])
-    idx = PrefixIndex(default_capacity=100_000)
-    idx.insert("s", long)
-    idx.set_capacity("s", 4 * 256)
-    assert idx.held_tokens("s") == 4 * 256
-    assert idx.matched_tokens("s", long) == 4 * 256
-    idx.set_capacity("s", 0)  # unknown capacity keeps the bound
-    assert idx.slot("s").capacity == 4 * 256
-
-
-def test_shared_prefix_survives_while_conversations_churn() -> None:
-    idx = PrefixIndex(default_capacity=20_000)
-    system = _chain("sys", [1000] * 4)
-    for i in range(50):
-        idx.insert("s", _chain(f"c{i}", [1000] * 5, system))
-    assert idx.matched_tokens("s", _chain("new", [1000], system)) == 4000
-    assert idx.held_tokens("s") <= 20_000
-
-
-def test_index_handles_long_fingerprints() -> None:
-    idx = PrefixIndex(default_capacity=2_000_000)
-    long = _chain("big", [256] * 640)  # a 160k-token prompt in 1 KiB blocks
-    for slot in range(64):
-        idx.insert(slot, long[: 10 * slot + 1])
-    matches = idx.match_all(long, range(64))
-    assert matches == {s: 256 * (10 * s + 1) for s in range(64)}
+    fp = tuple((k, 256) for k in range(1024))
+    held = Counting(range(700))
+    assert held_blocks(fp, held) == 700
+    assert Counting.lookups <= 11
 
 
 def test_small_json_values_are_canonical() -> None:
