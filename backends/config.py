@@ -174,13 +174,27 @@ def pd_backends(prefill: list[str], decode: list[str]) -> list[dict[str, Any]]:
     SGLang's default 8998."""
     out: list[dict[str, Any]] = []
     for item in prefill:
-        url, port = item, DEFAULT_BOOTSTRAP_PORT
-        head, sep, tail = item.rpartition(":")
-        if sep and tail.isdigit() and head.count(":") >= 2:  # scheme://host:port:bootstrap
-            url, port = head, int(tail)
+        url, port = _bootstrap_port(item)
         out.append({"url": url, "role": "prefill", "bootstrap_port": port})
     out.extend({"url": url, "role": "decode"} for url in decode)
     return out
+
+
+def _bootstrap_port(item: str) -> tuple[str, int]:
+    """``scheme://host:port:bootstrap[/path]`` → (URL without the bootstrap port, it); else (item, 8998).
+    The host may be an IPv6 literal in brackets, whose own colons are not ports."""
+    scheme, sep, rest = item.partition("://")
+    authority, slash, path = rest.partition("/")
+    if authority.startswith("["):
+        end = authority.find("]") + 1
+        host, ports = authority[:end], authority[end:]
+    else:
+        host, colon, after = authority.partition(":")
+        ports = colon + after
+    numbers = ports.split(":")[1:]
+    if sep and len(numbers) == 2 and all(n.isdigit() for n in numbers):
+        return f"{scheme}://{host}:{numbers[0]}{slash}{path}", int(numbers[1])
+    return item, DEFAULT_BOOTSTRAP_PORT
 
 
 class HealthConfig(_Strict):

@@ -244,7 +244,10 @@ class BackendPool:
         """``/v1/models``: the served names, and the model's context window (a request past it is refused at once)."""
         try:
             data = (await self._get(backend, "/v1/models")).json()
-            cards = [m for m in data.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)]
+            listed = data.get("data") if isinstance(data, dict) else None
+            if not isinstance(listed, list):
+                raise ValueError(f"no model list in {str(data)[:200]!r}")
+            cards = [m for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str)]
             backend.served_models = [m["id"] for m in cards]
             for card in cards:
                 window = card.get("max_model_len")
@@ -258,7 +261,7 @@ class BackendPool:
                     backend.upstream_model,
                     backend.model,
                 )
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
             log.warning("backend %s: could not read /v1/models: %s", backend.name, exc)
 
     async def _fetch_routes(self, backend: Backend) -> None:

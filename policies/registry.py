@@ -56,8 +56,11 @@ STACKS: dict[str, Callable[..., DecisionCore]] = {
 """Stack factories; each takes an optional ``router`` instance replacing its default router."""
 
 
-def router(name: str) -> Router:
-    """A fresh router ``name`` (a key of ``ROUTERS``)."""
+def router(name: str, params: Mapping[str, Any] | None = None) -> Router:
+    """A fresh router ``name`` (a key of ``ROUTERS``); ``params`` (the config's ``router:``) reach a
+    ``min-ttft`` router, the one whose parameters a config may set."""
+    if name == "min-ttft":
+        return MinTTFT(**dict(params or {}))
     try:
         return ROUTERS[name]()
     except KeyError:
@@ -76,7 +79,9 @@ def build(
     if admission is not None and admission not in ADMISSIONS:
         raise ValueError(f"unknown admission '{admission}'; known: {', '.join(sorted(ADMISSIONS))}")
     return factory(
-        router=None if routing is None else router(routing), admission=admission, router_params=router_params
+        router=None if routing is None else router(routing, router_params),
+        admission=admission,
+        router_params=router_params,
     )
 
 

@@ -15,7 +15,8 @@ class TeamLimits:
     max_concurrency: int = 8
     """Requests of the team dispatched and not finished (0: none may run)."""
     max_queue: int = 32
-    """Requests of the team waiting in admission; one more is refused at once (``team_queue_full``)."""
+    """Requests of the team waiting in admission; one more is refused at once (``team_queue_full``). The
+    bound is checked at the door, before a request could be dispatched: 0 refuses every request."""
     queue_timeout_s: float = 60.0
     """A request waiting longer is refused (``queue_timeout``)."""
     weight: float = 1.0

@@ -279,7 +279,7 @@ class RadixCache:
     def reset(self) -> None:
         assert self.gpu_tokens == self.evictable_tokens, "reset with locked nodes"
         observer = self.observer
-        self.__init__(self.host_capacity)  # type: ignore[misc]
+        self.__init__(self.host_capacity, self.stamp_on_free)  # type: ignore[misc]
         self.observer = observer
         if observer is not None:
             observer.cleared()

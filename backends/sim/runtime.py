@@ -202,8 +202,9 @@ class Twin:
                 continue
             delay = self._t0 + nt * self.time_scale - self._loop.time()
             if delay > 0:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                try:  # asyncio.timeout: 3.11's wait_for swallows a cancel that meets a wake-up
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
                     continue
                 except TimeoutError:
                     pass

@@ -71,6 +71,7 @@ class WireClient:
             idle.popleft()[1].close()  # the oldest went stale: free its socket and its slot now
             self.release()
         idle.append((now, transport, conn))
+        self._wake_one()  # a caller waiting for a slot takes this connection, or its slot
 
     def _take_idle(self, key: tuple[str, str, int]) -> WireResponse | None:
         idle = self.idle.get(key)
@@ -87,15 +88,22 @@ class WireClient:
 
     def release(self) -> None:
         self.open -= 1
+        self._wake_one()
+
+    def _wake_one(self) -> None:
         while self._freed:
             waiter = self._freed.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 return
 
-    async def _connect(self, key: tuple[str, str, int]) -> WireResponse:
+    async def _connect(self, key: tuple[str, str, int]) -> WireResponse | None:
+        """A new connection to ``key`` within the budget; None when, while this waited for a slot, an
+        idle connection to ``key`` came back (the caller takes that one instead)."""
         loop = asyncio.get_running_loop()
         while self.open >= self.max_connections:
+            if self.idle.get(key):
+                return None
             oldest = min((q for q in self.idle.values() if q), key=lambda q: q[0][0], default=None)
             if oldest is not None:  # an idle connection (to any upstream) gives its slot up
                 oldest.popleft()[1].close()
@@ -179,10 +187,13 @@ class WireClient:
         key, first = known
         lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items() if k.lower() not in ("host", "content-length")])
         request = b"%scontent-length: %d\r\n%s\r\n%s" % (first, len(body), lines.encode("latin-1"), body)
-        for reused in (True, False):
-            conn = self._take_idle(key) if reused else await self._connect(key)
+        while True:
+            conn = self._take_idle(key)
+            reused = conn is not None
             if conn is None:
-                continue
+                conn = await self._connect(key)
+                if conn is None:
+                    continue  # one of ours came back to the pool meanwhile: take it
             conn.transport.write(request)  # type: ignore[union-attr]
             conn._arm()
             try:
@@ -196,7 +207,6 @@ class WireClient:
                 await conn.aclose()
                 raise
             return conn
-        raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
         for idle in self.idle.values():

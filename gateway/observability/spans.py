@@ -98,6 +98,7 @@ class RequestTrace:
         "_exemplar",
         "_failed",
         "_first_token",
+        "_routed",
         "_status",
         "attempt",
         "context",
@@ -122,6 +123,7 @@ class RequestTrace:
         self._first_token = False
         self._status = 0
         self.attempt = 0
+        self._routed: dict[str, Any] = {}
 
     # ---- the request ----------------------------------------------------------------------
     def exemplar(self) -> dict[str, str] | None:
@@ -213,7 +215,8 @@ class RequestTrace:
         self.tracer.start_span("cachegate.route", context=self.context, start_time=now, attributes=attrs).end(
             end_time=now
         )
-        self.span.set_attributes({k: v for k, v in attrs.items() if not k.startswith("cachegate.route.score.")})
+        # Set at the end: a retry's decision replaces the first's (a span cannot unset an attribute).
+        self._routed = {k: v for k, v in attrs.items() if not k.startswith("cachegate.route.score.")}
 
     # ---- the upstream hop -----------------------------------------------------------------
     def upstream(self, backend: str, url: str, headers: dict[str, str]) -> UpstreamSpan:
@@ -285,6 +288,8 @@ class RequestTrace:
         if not self.recording:
             self.span.end()
             return
+        if self._routed:
+            self.span.set_attributes(self._routed)
         if client_left:
             self.span.set_attribute("cachegate.client_disconnected", True)
             self.span.set_attribute("error.type", "client_disconnected")

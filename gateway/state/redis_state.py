@@ -314,8 +314,10 @@ class RedisState(RedisReplica):
     async def _beat_loop(self) -> None:
         while True:
             delay = self.heartbeat_s if self.phase != "unreachable" else min(0.25, self.heartbeat_s)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), delay)
+            # asyncio.timeout: 3.11's wait_for swallows a cancel that meets a kick (stop() would hang)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._kick.wait()
             self._kick.clear()
             try:
                 if self.phase == "unreachable":

@@ -123,9 +123,11 @@ def check_shape(body: Any) -> None:
 
     Iterative (no recursion, so any depth orjson parsed is safe to walk). A first walk visits the
     containers only and builds no paths; the walk that names where a bound was passed runs only
-    when that one finds something (its counts are never lower, so it never misses a breach)."""
+    when that one finds something. That one counts values as it pops them, so it may come short of the
+    first's count: the request is refused all the same, without a path."""
     if not _within_bounds(body):
         _name_the_breach(body)
+        raise _too_complex(f"more than {MAX_VALUES} JSON values", "")
 
 
 def _within_bounds(body: Any) -> bool:

@@ -46,5 +46,7 @@ class Anchoring(SeatSizing):
         loose = self._loose
         while loose and now - loose[0][0] > self.params.idle_release_s:
             _, anchor, key = loose.popleft()
-            if self.anchors.get(anchor) == key and key not in self.seats:
+            seat = self.seats.get(key)
+            # gone unless a seat still knows its conversation by it (a second turn re-seated it anew)
+            if self.anchors.get(anchor) == key and (seat is None or seat.anchor != anchor):
                 del self.anchors[anchor]

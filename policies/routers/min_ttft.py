@@ -317,6 +317,11 @@ class MinTTFT(Router):
         prompt = held if held > prompt else prompt  # max(prompt_tokens, cum[-1]) without the call
         cached = self.index.matched_tokens(slot, fp, cum)
         p = self.model.seconds(prompt - cached, cached) / self.speed.get(backend, 1.0)  # _prefill
+        entries = self._entries
+        old = entries.get(rid)
+        if old is not None:  # dispatched again before it finished: it counts where it went last
+            old.state.inflight -= 1
+            self._prefill_done(old, rid, now)  # and its prefill leaves the queue it joined first
         st = self._slots.get(slot)
         if st is None:
             st = self._state(slot)
@@ -329,10 +334,6 @@ class MinTTFT(Router):
         recent.set(recent.value + 1, now)
         recent = st.inflight_recent
         recent.set(recent.value + 1, now)
-        entries = self._entries
-        old = entries.get(rid)
-        if old is not None:  # dispatched again before it finished: it counts where it went last
-            old.state.inflight -= 1
         st.inflight += 1
         entries[rid] = _Entry(slot, fp, prompt, cached, p, start - now, now, st)
         common = self.common

@@ -89,11 +89,6 @@ def test_pd_flags_become_backend_entries() -> None:
     assert ModelConfig.model_validate({"backends": entries}).disaggregated
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pd_backends counts the colons before the last one to spot a bootstrap port: an IPv6 literal's own "
-    "port (http://[fd00::5]:30000) is taken for a bootstrap port and cut from the URL",
-)
 def test_an_ipv6_prefill_url_keeps_its_own_port() -> None:
     assert pd_backends(["http://[fd00::5]:30000"], []) == [
         {"url": "http://[fd00::5]:30000", "role": "prefill", "bootstrap_port": DEFAULT_BOOTSTRAP_PORT}

@@ -91,11 +91,6 @@ def test_router_params_do_not_reach_other_routers() -> None:
     assert isinstance(core.router, LeastLoad)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="registry.build drops router_params when routing='min-ttft' is named (router() builds it bare): "
-    "`cachegate simulate --routing min-ttft --config f.yaml` ignores the file's router: section",
-)
 def test_router_params_reach_a_min_ttft_router_named_by_routing() -> None:
     core = registry.build("gateway", routing="min-ttft", router_params={"stay": 3.0})
     assert isinstance(core.router, MinTTFT) and core.router.stay == 3.0

@@ -41,7 +41,6 @@ async def started() -> AsyncIterator[Twin]:
     try:
         yield twin
     finally:
-        await asyncio.sleep(0.01)  # the driver takes its last wake-up (tests/backends/sim/test_runtime.py)
         await twin.stop()
 
 

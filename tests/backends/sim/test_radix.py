@@ -193,11 +193,6 @@ def test_sglangs_order_evicts_the_least_recently_accessed_vllms_the_least_recent
     assert _free_order_victim(RadixCache(stamp_on_free=True)) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RadixCache.reset() re-runs __init__(host_capacity) without stamp_on_free: a vLLM-order cache "
-    "(profile eviction='lrf') evicts in SGLang's order after Engine.flush_cache (a simulated restart)",
-)
 def test_a_reset_keeps_the_eviction_order() -> None:
     c = RadixCache(stamp_on_free=True)
     c.reset()

@@ -44,7 +44,6 @@ async def started(twin: Twin) -> AsyncIterator[Twin]:
     try:
         yield twin
     finally:
-        await asyncio.sleep(0.01)  # let the driver take a wake-up first (see the xfail test below)
         await twin.stop()
 
 
@@ -137,12 +136,6 @@ async def test_the_twin_is_unready_while_starting_then_ready() -> None:
         assert t.ready is True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Twin.stop() hangs on Python 3.11 when the driver was woken (submit/abort -> _poke) just before: "
-    "asyncio.wait_for returns the finished wake-up instead of raising CancelledError, so _drive_loop goes on "
-    "and waits on _wake forever",
-)
 async def test_stop_right_after_a_wake_up_still_stops_the_driver() -> None:
     for _ in range(5):  # the driver must have just entered wait_for: most attempts hit it, one is enough
         t = _twin()

@@ -116,13 +116,6 @@ async def test_a_caller_waiting_for_a_slot_gets_the_one_a_closed_connection_give
         await wc.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=httpx.PoolTimeout,
-    reason="bug: a connection put back into the pool (a response read to the end) does not wake a caller "
-    "waiting for a slot in WireClient._connect (only release() does): it waits out connect_timeout_s and "
-    "gets PoolTimeout (503 overloaded) while an idle connection sits in the pool",
-)
 async def test_a_caller_waiting_for_a_slot_gets_a_connection_put_back_into_the_pool() -> None:
     release = asyncio.Event()
     async with server(_one_stream_then_answers(release)) as (url, _):

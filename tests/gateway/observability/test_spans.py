@@ -114,12 +114,6 @@ def test_each_route_decision_is_a_span_and_its_choice_lands_on_the_request(rec: 
     assert not any(k.startswith("cachegate.route.score.") for k in attrs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: RequestTrace.routed sets the retry's attributes over the first decision's without removing "
-    "those the retry lacks: a retry to a backend without DP ranks (or without a prefix match) leaves the server "
-    "span naming the new backend with the old backend's cachegate.rank and cachegate.prefix.matched_tokens",
-)
 def test_a_retry_leaves_nothing_of_the_first_decision_on_the_request(rec: Recorder) -> None:
     t = rec.begin()
     t.routed(Dispatch("r", "b1", 3, "prefix", {"matched_tokens": 512.0}))

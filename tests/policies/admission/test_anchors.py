@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
-
 from policies.admission import SeatedAdmission, SeatParams
 from policies.routing import RoundRobin
 from policies.types import BackendView, Dispatch, Fingerprint, Outcome, RequestFacts
@@ -111,12 +109,6 @@ def test_an_expired_loose_entry_leaves_an_anchor_another_conversation_took() -> 
     assert c.anchors == {anchor: "someone-else"} and first_key != "someone-else"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a re-seated first turn's new seat starts with anchor None, so _anchor keeps the released turn's "
-    "anchor beside the new one; _expire_anchors skips it (the key is seated) and _release drops only the "
-    "seat's own: one anchor per such conversation is never forgotten (unbounded growth of `anchors`)",
-)
 def test_every_anchor_goes_once_a_reseated_first_turns_conversation_ends() -> None:
     c = _core(release_first_turns=True)
     rid = _turn(c, _fp(1, 2, 3), 0.0)

@@ -159,12 +159,6 @@ def test_a_request_dispatched_again_counts_where_it_went_last() -> None:
     assert router._slots[("b1", None)].inflight == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dispatched() for a rid already in flight moves only its inflight count: its pending prefill "
-    "stays in the first rank's queue (pending, pending_s, pending_recent) and is never cleared, so every later "
-    "first token there re-arms busy_until with it (latent: the cores call finished before dispatching again)",
-)
 def test_a_request_dispatched_again_leaves_nothing_queued_where_it_went_first() -> None:
     router = MinTTFT()
     r = req("r", chain("r", 100_000))
