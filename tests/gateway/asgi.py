@@ -17,6 +17,7 @@ from starlette.types import Message
 
 from gateway.app import create_app
 from gateway.config.schema import Config
+from gateway.worker import Gateway
 from tests.fake_upstream import SERVED
 
 
@@ -89,3 +90,10 @@ async def call_and_leave(
     }
     await asyncio.wait_for(app(scope, receive, send), 20)
     return status, chunks
+
+
+def gateway_of(app: Starlette) -> Gateway:
+    """The worker an app built by ``create_app`` holds."""
+    gw = app.state.gateway
+    assert isinstance(gw, Gateway)
+    return gw

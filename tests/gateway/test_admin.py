@@ -4,10 +4,8 @@ time, the state view) on the in-process app (tests/gateway/asgi.py), and its vie
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
-from starlette.applications import Starlette
 
 from gateway.admin import TEAM_FIELDS, describe_limits, seat_budget
 from gateway.worker import Gateway
@@ -16,23 +14,11 @@ from policies.teams import TeamLimits
 from policies.types import BackendView
 from tests.fake_upstream import FakeUpstream
 from tests.gateway.asgi import config, running
+from tests.gateway.asgi import gateway_of as _gw
 
 TOKEN = "adm-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 TEAMS = {"default": {"max_concurrency": 4}, "platform": {"max_concurrency": 2, "max_queue": 3}}
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
-
-
-def _gw(app: Starlette) -> Gateway:
-    gw = app.state.gateway
-    assert isinstance(gw, Gateway)
-    return gw
 
 
 async def test_the_admin_api_is_off_without_a_token(upstream: FakeUpstream) -> None:

@@ -5,8 +5,6 @@ before every surface), the lifespan (start, the metrics port, stop, surfaces clo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 from asgi_lifespan import LifespanManager
@@ -21,13 +19,6 @@ from tests.fake_upstream import FakeUpstream, free_port
 from tests.gateway.asgi import config, running
 
 HI = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
 
 
 def test_default_surfaces_are_every_client_api_with_fresh_stateful_ones() -> None:

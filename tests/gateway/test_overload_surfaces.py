@@ -7,7 +7,6 @@ backend, while the stream that holds the connection completes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -23,13 +22,6 @@ BODIES = {
     "/v1/messages": {"model": "kimi", "max_tokens": 20, "stream": True, "messages": HI},
     "/messages": {"model": "kimi", "max_tokens": 20, "messages": HI},
 }
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
 
 
 def _overloaded(path: str, status: int, headers: dict[str, str], body: bytes) -> None:

@@ -31,13 +31,6 @@ def write_config(path: Path, *urls: str, **extra: object) -> str:
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
-
-
-@pytest.fixture(scope="module")
 def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cfg = write_config(
         tmp_path_factory.mktemp("cfg") / "c.yaml", upstream.url, max_body_bytes=4096, upstream={"idle_timeout_s": 1.0}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.fake_upstream import SERVED, FakeUpstream
@@ -11,13 +9,6 @@ from tests.gateway.asgi import config, running
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
 
 
 async def test_a_chat_stream_is_relayed_byte_for_byte_without_the_usage_it_asked_for(upstream: FakeUpstream) -> None:

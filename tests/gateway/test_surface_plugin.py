@@ -6,7 +6,6 @@ errors in an Anthropic-style envelope with the cachegate code in a header."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -99,13 +98,6 @@ class ShoutSurface(Surface):
             orjson.dumps({"type": "error", "error": {"type": kind, "message": err.message}}),
             headers=[*headers, (b"x-cachegate-code", (err.code or "").encode())],
         )
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
 
 
 def _config(url: str) -> Any:

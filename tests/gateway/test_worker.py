@@ -24,13 +24,6 @@ from tests.fake_upstream import FakeUpstream
 from tests.gateway.asgi import config
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
-
-
 def sample(gw: Gateway, name: str, **labels: str) -> float | None:
     """One sample of the worker's ``/metrics`` body, None if absent."""
     body, _ = gw.metrics.exposition()

@@ -4,7 +4,6 @@ unknown routes, 401s and refusals included, with a bounded route label."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -46,13 +45,6 @@ class Lines:
 def access(capsys: pytest.CaptureFixture[str]) -> Lines:
     capsys.readouterr()
     return Lines(capsys)
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
 
 
 def _teams(**extra: object) -> dict[str, object]:

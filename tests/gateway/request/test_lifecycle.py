@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Iterator
 
 import httpx
 import orjson
@@ -25,26 +24,13 @@ from gateway.request.lifecycle import RequestPath, read_body, request_id
 from gateway.surfaces.base import ClientRequest, ErrorReply
 from gateway.surfaces.chat import CHAT, OpenAISurface
 from gateway.surfaces.messages import MessagesSurface
-from gateway.worker import Gateway
 from tests.fake_upstream import FakeUpstream
 from tests.gateway.asgi import call_and_leave, config, running
+from tests.gateway.asgi import gateway_of as _gw
 
 CHAT_PATH = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
 KEY = "sk-team"
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
-
-
-def _gw(app: Starlette) -> Gateway:
-    gw = app.state.gateway
-    assert isinstance(gw, Gateway)
-    return gw
 
 
 def chat(content: str, stream: bool = False) -> dict[str, object]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -29,6 +28,7 @@ from gateway.worker import Gateway
 from policies.types import Dispatch, Outcome, RequestFacts
 from tests.fake_upstream import SERVED, USAGE, FakeUpstream
 from tests.gateway.asgi import config, running
+from tests.gateway.asgi import gateway_of as _gw
 from tests.hostile_upstream import HostileUpstream
 
 
@@ -48,19 +48,6 @@ class Recorder:
     @property
     def body(self) -> bytes:
         return b"".join(m.get("body", b"") for m in self.messages if m["type"] == "http.response.body")
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
-
-
-def _gw(app: Starlette) -> Gateway:
-    gw = app.state.gateway
-    assert isinstance(gw, Gateway)
-    return gw
 
 
 def admit(gw: Gateway, stream: bool = False) -> tuple[str, Dispatch]:

@@ -4,8 +4,6 @@ the in-process app to a scripted upstream."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import orjson
 import pytest
 
@@ -77,13 +75,6 @@ def test_the_upstream_call_pins_the_rank_and_keeps_the_rest() -> None:
     }
     assert isinstance(call.relay, PassthroughRelay) and call.relay.strip_usage is False
     assert req.body["model"] == "kimi", "one request, many attempts: the parsed body is not changed"
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
 
 
 async def test_both_routes_through_the_app(upstream: FakeUpstream) -> None:

@@ -6,7 +6,7 @@ through the in-process app, translated from a scripted chat upstream."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -33,13 +33,6 @@ BODY = {
     "system": [{"type": "text", "text": BILLING}, {"type": "text", "text": "Be brief."}],
     "messages": [{"role": "user", "content": "hi"}],
 }
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
 
 
 @pytest.fixture()

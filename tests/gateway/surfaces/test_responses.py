@@ -8,7 +8,7 @@ through the in-process app."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -32,13 +32,6 @@ TEAM = "default"
 """The team of a caller when no keys are configured."""
 PRIOR_INPUT = [{"type": "message", "role": "user", "content": "first"}]
 PRIOR_OUTPUT = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "one"}]}]
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    up = FakeUpstream()
-    with up.running():
-        yield up
 
 
 def _config(url: str, **extra: Any) -> Config:
